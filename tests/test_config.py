@@ -1,0 +1,112 @@
+"""Config: YAML + dotted overrides, verl key names, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_agent.config import ConfigError, all_keys, load_config, parse_value, save_config
+
+QUICKSTART = [  # the verl quick-start command line, as users paste it
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+    "data.train_file=data/math_sample.jsonl",
+    "data.reward_fn=reward_fn.math_reward_fn",
+    "data.max_prompt_length=64",
+    "data.max_response_length=32",
+    "data.train_batch_size=256",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "critic.optim.lr=1e-5",
+    "critic.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.logger=console",
+    "trainer.val_before_train=False",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "trainer.save_freq=10",
+    "trainer.test_freq=10",
+    "trainer.total_epochs=15",
+]
+
+
+def test_verl_quickstart_command_line_parses():
+    cfg = load_config(None, QUICKSTART)
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert cfg.data.train_files == ["data/math_sample.jsonl"]
+    assert cfg.data.reward_fn == "reward_fn.math_reward_fn"
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (64, 32)
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
+    assert cfg.critic.optim.lr == pytest.approx(1e-5)
+    assert cfg.trainer.logger == ["console"]
+    assert cfg.trainer.val_before_train is False
+    assert cfg.trainer.total_epochs == 15
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [("3", 3), ("-2", -2), ("0.5", 0.5), ("1e-6", 1e-6), ("3E2", 300.0), ("true", True), ("False", False),
+     ("null", None), ("None", None), ("[1, 2]", [1, 2]), ("[console,tensorboard]", ["console", "tensorboard"]),
+     ("'007'", "007"), ('"a b"', "a b"), ("hello", "hello"), ("a:b", "a:b"), ("path/x.py:fn", "path/x.py:fn")],
+)
+def test_override_values_are_typed(text, value):
+    assert parse_value(text) == value and type(parse_value(text)) is type(value)
+
+
+def test_yaml_file_plus_overrides_and_interpolation(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("data:\n  train_batch_size: 4\ntrainer:\n  experiment_name: exp1\n  logger: [console]\n")
+    cfg = load_config(f, ["data.train_batch_size=16", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5"])
+    assert cfg.data.train_batch_size == 16
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 5
+    assert cfg.trainer.default_local_dir == "runs/verl_agent/exp1"
+    out = save_config(cfg, tmp_path / "out" / "config.yaml")
+    assert load_config(out).model_dump() == cfg.model_dump()
+
+
+def test_unknown_key_names_closest_valid_key():
+    with pytest.raises(ConfigError, match=r"unknown key 'data.train_bach_size'.*did you mean 'data.train_batch_size'"):
+        load_config(None, ["data.train_bach_size=3"])
+    with pytest.raises(ConfigError, match=r"did you mean 'actor_rollout_ref.rollout.multi_turn.max_assistant_turns'"):
+        load_config(None, ["actor_rollout_ref.rollout.multi_turn.max_assistant_turn=3"])
+
+
+def test_wrong_type_names_key_value_and_type():
+    with pytest.raises(ConfigError, match=r"data.train_batch_size='abc'.*valid integer"):
+        load_config(None, ["data.train_batch_size=abc"])
+    with pytest.raises(ConfigError, match=r"trainer.val_before_train='maybe'.*valid boolean"):
+        load_config(None, ["trainer.val_before_train=maybe"])
+
+
+@pytest.mark.parametrize("bad", ["data.train_batch_size", "=3", "data..x=1"])
+def test_malformed_override(bad):
+    with pytest.raises(ConfigError, match="override"):
+        load_config(None, [bad])
+
+
+def test_bad_yaml_file(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("data: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    f.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(f)
+
+
+def test_value_where_section_expected():
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        load_config(None, ["data.train_batch_size=3", "data.train_batch_size.x=1"])
+
+
+def test_all_keys_lists_nested_verl_keys():
+    keys = set(all_keys())
+    for k in ["actor_rollout_ref.rollout.multi_turn.tool_config_path", "algorithm.adv_estimator",
+              "actor_rollout_ref.actor.clip_ratio_high", "custom_reward_function.path", "trainer.n_gpus_per_node"]:
+        assert k in keys

@@ -1,0 +1,3 @@
+from verl_agent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""`verl-agent` command line: train | rollout | model | sandbox | config | view.
+
+Each subcommand imports its machinery lazily so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from verl_agent import __version__
+
+EPILOG_OVERRIDES = (
+    "Any config key can be overridden as key=value, e.g.\n"
+    "  data.train_batch_size=8 actor_rollout_ref.actor.optim.lr=1e-6 trainer.logger=[console,tensorboard]\n"
+    "`verl-agent config keys` lists every key."
+)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="run config YAML (optional: defaults + overrides also work)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys, verl names)")
+
+
+def _split_config_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """`verl-agent train a.b=1` (no YAML) must treat the first word as an override, not a file."""
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config:
+        return None, [config, *overrides]
+    return config, overrides
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from verl_agent.config import load_config
+    from verl_agent.trainer.loop import train
+
+    path, overrides = _split_config_arg(args)
+    train(load_config(path, overrides))
+    return 0
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from verl_agent.config import load_config
+    from verl_agent.rollout.evaluate import evaluate_cli
+
+    path, overrides = _split_config_arg(args)
+    return evaluate_cli(load_config(path, overrides), split=args.split, out=args.out)
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from verl_agent.config import all_keys, load_config
+
+    if args.action == "keys":
+        print("\n".join(all_keys()))
+        return 0
+    path, overrides = _split_config_arg(args)
+    print(yaml.safe_dump(load_config(path, overrides).model_dump(), sort_keys=False), end="")
+    return 0
+
+
+def _cmd_view(args: argparse.Namespace) -> int:
+    from verl_agent.rollout.records import print_records
+
+    print_records(args.path, limit=args.limit, only_failed=args.failed)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verl-agent",
+        description="Train LLM agents with multi-turn reinforcement learning.",
+        epilog="Start with `make demo`, or `verl-agent train examples/calculator/config.yaml`.",
+    )
+    parser.add_argument("--version", action="version", version=f"verl-agent {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    p = sub.add_parser("train", help="train a policy with GRPO/PPO", epilog=EPILOG_OVERRIDES, formatter_class=fmt,
+                       description="Run RL training: rollouts -> advantages -> FSDP update -> weight sync, per step.")
+    _add_config_args(p)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("rollout", help="run rollouts only (evaluation)", epilog=EPILOG_OVERRIDES,
+                       formatter_class=fmt, description="Roll out the policy on a dataset and report success, "
+                       "reward and turn/tool statistics; trajectories are written as JSONL.")
+    _add_config_args(p)
+    p.add_argument("--split", choices=["val", "train"], default="val", help="which data files to use")
+    p.add_argument("--out", default=None, help="trajectory JSONL path (default: <run dir>/rollout.jsonl)")
+    p.set_defaults(func=_cmd_rollout)
+
+    from verl_agent.models.tiny import add_cli as add_model_cli
+
+    add_model_cli(sub)
+    from verl_agent.sandbox.cli import add_cli as add_sandbox_cli
+
+    add_sandbox_cli(sub)
+
+    p = sub.add_parser("config", help="show the resolved config or list all keys", epilog=EPILOG_OVERRIDES,
+                       formatter_class=fmt)
+    p.add_argument("action", choices=["show", "keys"], help="show: resolved YAML; keys: every valid key")
+    _add_config_args(p)
+    p.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser("view", help="pretty-print trajectory JSONL records")
+    p.add_argument("path", help="a trajectories .jsonl file written by train/rollout")
+    p.add_argument("--limit", type=int, default=5, help="records to show")
+    p.add_argument("--failed", action="store_true", help="only trajectories with reward <= 0")
+    p.set_defaults(func=_cmd_view)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    from verl_agent.config import ConfigError
+    from verl_agent.data import DataError
+    from verl_agent.reward import RewardError
+
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, DataError, RewardError) as e:
+        print(f"verl-agent: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

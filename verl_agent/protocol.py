@@ -1,0 +1,163 @@
+"""The data that flows through verl-agent: samples in, trajectories out.
+
+Token ids are the source of truth. A `Trajectory` holds exactly the ids the
+engine produced plus the ids appended for tool results and user replies; the
+trainer trains on these ids as they are, never on re-tokenized text.
+
+This module imports nothing else from verl_agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+StopReason = Literal[
+    "end_of_turn",  # the model answered without a tool call and no interaction is attached
+    "interaction_done",  # the interaction said the episode is over
+    "max_assistant_turns",
+    "max_user_turns",
+    "response_budget",  # data.max_response_length exhausted over all turns
+    "engine_length",  # the engine hit its own context/length limit
+    "error",  # something outside the model failed; see Trajectory.error
+]
+
+
+@dataclass
+class ToolCall:
+    """One function call the model asked for."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+    def to_chat(self) -> dict[str, Any]:
+        """OpenAI / Hugging Face chat-template form."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Message:
+    """One chat message; `to_chat()` gives the dict Hugging Face chat templates expect."""
+
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_chat(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_chat() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    @classmethod
+    def from_chat(cls, d: Any, where: str = "message") -> Message:
+        """Build from an OpenAI-style dict; raises ValueError naming `where` on bad input."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected an object with 'role' and 'content', got {type(d).__name__}")
+        role = d.get("role")
+        if role not in ROLES:
+            raise ValueError(f"{where}: 'role' must be one of {ROLES}, got {role!r}")
+        content = d.get("content") or ""
+        if not isinstance(content, str):
+            raise ValueError(f"{where}: 'content' must be a string, got {type(content).__name__}")
+        calls = []
+        for i, c in enumerate(d.get("tool_calls") or []):
+            fn = c.get("function", c) if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or "name" not in fn:
+                raise ValueError(f"{where}.tool_calls[{i}]: expected {{'function': {{'name', 'arguments'}}}}")
+            args = fn.get("arguments") or {}
+            if isinstance(args, str):
+                import json
+
+                args = json.loads(args)
+            calls.append(ToolCall(name=fn["name"], arguments=args, id=c.get("id", "")))
+        return cls(role=role, content=content, tool_calls=calls, tool_call_id=d.get("tool_call_id"), name=d.get("name"))
+
+
+@dataclass
+class Sample:
+    """One dataset row, normalised (simple and verl row formats both map here)."""
+
+    uid: str  # stable id: "<file>:<line>" unless the row gives one; GRPO groups share it
+    messages: list[Message]
+    ground_truth: Any = None
+    data_source: str = "default"
+    agent_name: str = "tool_agent"
+    tools_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    interaction_kwargs: dict[str, Any] = field(default_factory=dict)
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Turn:
+    """Boundaries of one assistant turn inside `Trajectory.response_ids`.
+
+    response_ids[gen_start:gen_end] are the model's tokens (mask 1);
+    response_ids[gen_end:obs_end] are the tool/user/template tokens appended after it (mask 0).
+    """
+
+    gen_start: int
+    gen_end: int
+    obs_end: int
+    num_tool_calls: int = 0
+    score: float = 0.0  # per-turn score from tools' step rewards or the interaction
+    gen_seconds: float = 0.0
+    tool_seconds: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """One multi-turn rollout, as tokens."""
+
+    uid: str  # the Sample uid: trajectories of one GRPO group share it
+    prompt_ids: list[int]
+    response_ids: list[int]  # everything after the prompt: model tokens and observations
+    loss_mask: list[int]  # 1 exactly on model-generated tokens, same length as response_ids
+    rollout_logprobs: list[float]  # engine log-prob per response token (0.0 where loss_mask == 0)
+    reward: float = 0.0
+    turns: list[Turn] = field(default_factory=list)
+    stop_reason: StopReason = "end_of_turn"
+    messages: list[Message] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    data_source: str = "default"
+    policy_version: int = 0
+    error: str | None = None
+
+    def check(self) -> None:
+        """Internal invariants; a failure here is a bug in the agent loop."""
+        n = len(self.response_ids)
+        assert len(self.loss_mask) == n, (len(self.loss_mask), n)
+        assert len(self.rollout_logprobs) == n, (len(self.rollout_logprobs), n)
+        for t in self.turns:
+            assert 0 <= t.gen_start <= t.gen_end <= t.obs_end <= n, t
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class RolloutBatch:
+    """The trajectories of one rollout step (GRPO groups share `uid`)."""
+
+    trajectories: list[Trajectory]
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def groups(self) -> dict[str, list[int]]:
+        """uid -> indices of its trajectories, in order of first appearance."""
+        out: dict[str, list[int]] = {}
+        for i, t in enumerate(self.trajectories):
+            out.setdefault(t.uid, []).append(i)
+        return out

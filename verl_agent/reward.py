@@ -1,0 +1,123 @@
+"""Reward functions: load a user's scorer by name and call it safely.
+
+A spec is ``"module.func"`` (importable; the current directory is on the path) or
+``"path/to/file.py:func"``. Two signatures are accepted and told apart by their parameters:
+
+* seed style: ``fn(generated_text, ground_truth) -> float``
+* verl style: ``compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``
+  (a dict must carry ``"score"``; its other numeric entries are kept as info)
+
+A scorer that raises or returns something that is not a number never crashes the run: the sample gets
+score 0.0 and `RewardResult.error` says what went wrong (the trainer counts and logs these).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RewardError", "RewardFunction", "RewardResult", "load_reward_fn"]
+
+
+class RewardError(ValueError):
+    """The reward function spec cannot be loaded (bad path, missing function, unusable signature)."""
+
+
+@dataclass
+class RewardResult:
+    score: float
+    info: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def _import_callable(spec: str) -> Callable[..., Any]:
+    if ":" in spec and (spec.split(":", 1)[0].endswith(".py") or "/" in spec):
+        file_part, _, name = spec.rpartition(":")
+        path = Path(file_part)
+        if not path.is_file():
+            raise RewardError(f"reward function file {path} does not exist (spec {spec!r})")
+        mod_name = f"verl_agent_reward_{abs(hash(str(path.resolve())))}"
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[mod_name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as e:
+            raise RewardError(f"importing {path} for reward function failed: {type(e).__name__}: {e}") from e
+    else:
+        mod_path, _, name = spec.rpartition(".")
+        if not mod_path:
+            raise RewardError(f"reward function spec {spec!r} must be 'module.func' or 'path/file.py:func'")
+        if "" not in sys.path:
+            sys.path.insert(0, "")
+        try:
+            module = importlib.import_module(mod_path)
+        except ImportError as e:
+            raise RewardError(f"cannot import module {mod_path!r} for reward function {spec!r}: {e}") from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise RewardError(f"{spec!r}: module has no callable {name!r}")
+    return fn
+
+
+class RewardFunction:
+    """A loaded scorer with one calling convention: keyword arguments in, `RewardResult` out."""
+
+    def __init__(self, fn: Callable[..., Any], spec: str = "") -> None:
+        self.fn, self.spec = fn, spec or getattr(fn, "__name__", repr(fn))
+        params = inspect.signature(fn).parameters
+        names = list(params)
+        accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        if "solution_str" in params or "data_source" in params:
+            self.style = "verl"
+        elif len([p for p in params.values() if p.default is p.empty and p.kind is not p.VAR_KEYWORD]) <= 2:
+            self.style = "seed"
+        else:
+            raise RewardError(
+                f"reward function {self.spec!r} has parameters {names}; expected (generated_text, ground_truth) "
+                "or (data_source, solution_str, ground_truth, extra_info=None)"
+            )
+        self._pass_extra = "extra_info" in params or accepts_kwargs
+
+    def __call__(
+        self, *, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+    ) -> RewardResult:
+        try:
+            if self.style == "seed":
+                raw = self.fn(solution_str, ground_truth)
+            elif self._pass_extra:
+                raw = self.fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                              extra_info=extra_info or {})
+            else:
+                raw = self.fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth)
+        except Exception as e:  # a user's scorer must not kill the run; the error is reported per sample
+            return RewardResult(0.0, error=f"{self.spec} raised {type(e).__name__}: {e}")
+        return self._normalise(raw)
+
+    def _normalise(self, raw: Any) -> RewardResult:
+        info: dict[str, float] = {}
+        if isinstance(raw, dict):
+            if "score" not in raw:
+                return RewardResult(0.0, error=f"{self.spec} returned a dict without 'score': keys {sorted(raw)}")
+            info = {k: float(v) for k, v in raw.items() if k != "score" and isinstance(v, (int, float))}
+            raw = raw["score"]
+        if not isinstance(raw, (int, float)) or not math.isfinite(float(raw)):  # bool counts as 0/1
+            return RewardResult(0.0, info, error=f"{self.spec} returned {raw!r:.60}, not a finite number")
+        return RewardResult(float(raw), info)
+
+
+def load_reward_fn(spec: str | Callable[..., Any]) -> RewardFunction:
+    """Load 'module.func' / 'path/file.py:func' (or wrap a callable) as a RewardFunction."""
+    if callable(spec):
+        return RewardFunction(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise RewardError(f"reward function spec must be a non-empty string, got {spec!r}")
+    return RewardFunction(_import_callable(spec.strip()), spec.strip())

@@ -1,0 +1,167 @@
+"""The `Engine` contract: async, token-in / token-out generation.
+
+An engine turns prompt token ids into generated token ids. It never sees text,
+so what it returns is exactly what the trainer trains on.
+
+Contract (what is called when):
+
+- ``await generate(prompt_ids, sampling) -> GenerateOutput`` may be called by
+  many asyncio tasks at once (one per trajectory). Each call gets the result of
+  its own request, never another's. ``token_ids`` are the sampled ids in
+  order; if generation stopped on a stop id (``sampling.stop_token_ids`` or the
+  model's eos) that id is the LAST element of ``token_ids`` and
+  ``finish_reason == "stop"``. ``finish_reason == "length"`` means
+  ``max_new_tokens`` (or the engine's context limit) was reached; ``"abort"``
+  means the engine gave up on the request (shutdown, weight update in flight).
+  ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the
+  sampling distribution after temperature scaling and BEFORE top-k/top-p
+  filtering (i.e. ``log_softmax(logits / temperature)``; for temperature 0,
+  greedy, ``log_softmax(logits)``). ``len(logprobs) == len(token_ids)``.
+- ``await update_weights(named_tensors)`` replaces parameters by name; it is
+  called between rollout steps, never concurrently with ``generate``.
+  Unknown names are an error.
+- ``await sleep()`` frees device memory (weights and KV cache) so that
+  training can use the device; ``await wake_up()`` restores it. ``generate``
+  is only called while awake.
+- ``await close()`` releases everything; the engine is unusable afterwards.
+
+`check_engine(engine)` runs these rules against any implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+FinishReason = Literal["stop", "length", "abort"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings. temperature 0 means greedy; top_k <= 0 means no top-k."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 256
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class GenerateOutput:
+    """The result of one request: sampled ids, their log-probs, and why generation ended."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Async token-in/token-out inference engine; see the module docstring for the contract."""
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput: ...
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None: ...
+
+    async def sleep(self) -> None: ...
+
+    async def wake_up(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class EngineContractError(AssertionError):
+    """An engine broke the `Engine` contract; the message says which rule."""
+
+
+def check_output(out: object, sampling: SamplingParams, where: str = "generate") -> None:
+    """Check one `GenerateOutput` against the contract; raises `EngineContractError`."""
+    if not isinstance(out, GenerateOutput):
+        raise EngineContractError(f"{where}: expected GenerateOutput, got {type(out).__name__}")
+    if out.finish_reason not in FINISH_REASONS:
+        raise EngineContractError(f"{where}: finish_reason {out.finish_reason!r} not in {FINISH_REASONS}")
+    if len(out.logprobs) != len(out.token_ids):
+        raise EngineContractError(f"{where}: {len(out.logprobs)} logprobs for {len(out.token_ids)} tokens")
+    if len(out.token_ids) > sampling.max_new_tokens:
+        raise EngineContractError(f"{where}: {len(out.token_ids)} tokens > max_new_tokens={sampling.max_new_tokens}")
+    if not all(isinstance(t, int) for t in out.token_ids):
+        raise EngineContractError(f"{where}: token_ids must be python ints")
+    if any(lp > 1e-4 or lp != lp for lp in out.logprobs):
+        raise EngineContractError(f"{where}: logprobs must be finite and <= 0, got {out.logprobs[:8]}...")
+    stops = set(sampling.stop_token_ids)
+    for i, t in enumerate(out.token_ids[:-1]):
+        if t in stops:
+            raise EngineContractError(f"{where}: stop id {t} at position {i} is not the last token")
+    if out.finish_reason == "length" and out.token_ids and out.token_ids[-1] in stops:
+        raise EngineContractError(f"{where}: ended on stop id {out.token_ids[-1]} but finish_reason='length'")
+
+
+async def check_engine(engine: Engine, prompts: list[list[int]] | None = None, max_new_tokens: int = 8) -> None:
+    """Run the `Engine` contract against `engine`; raises `EngineContractError` on the first violation.
+
+    Checks: output shapes and types; concurrent requests each get their own
+    answer (greedy concurrent == greedy one by one); the same seed gives the
+    same sample; stop ids end generation; sleep()/wake_up() keep results.
+    Use small prompts of valid token ids for the engine's model.
+    """
+    for name in ("generate", "update_weights", "sleep", "wake_up", "close"):
+        if not inspect.iscoroutinefunction(getattr(engine, name, None)):
+            raise EngineContractError(f"engine.{name} must be an async method")
+    prompts = prompts or [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13]]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    alone = [await engine.generate(p, greedy) for p in prompts]
+    for i, out in enumerate(alone):
+        check_output(out, greedy, f"generate(prompts[{i}], greedy)")
+    together = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts))
+    for i, (a, b) in enumerate(zip(alone, together)):
+        if a.token_ids != b.token_ids:
+            raise EngineContractError(
+                f"prompt {i}: concurrent greedy result {b.token_ids} differs from the one-by-one result {a.token_ids}"
+            )
+    await _check_seed_and_stop(engine, prompts[0], alone[0], max_new_tokens)
+    await engine.sleep()
+    await engine.wake_up()
+    again = await engine.generate(prompts[0], greedy)
+    if again.token_ids != alone[0].token_ids:
+        raise EngineContractError("greedy result changed after sleep()/wake_up()")
+
+
+async def _check_seed_and_stop(engine: Engine, prompt: list[int], ref: GenerateOutput, n: int) -> None:
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=n, seed=1234)
+    a, b = await asyncio.gather(engine.generate(prompt, seeded), engine.generate(prompt, seeded))
+    check_output(a, seeded, "generate(seeded)")
+    if a.token_ids != b.token_ids:
+        raise EngineContractError(f"same seed gave different samples: {a.token_ids} vs {b.token_ids}")
+    if len(ref.token_ids) >= 2:
+        stop_at = ref.token_ids[1]
+        stop = SamplingParams(temperature=0.0, max_new_tokens=n, stop_token_ids=[stop_at])
+        out = await engine.generate(prompt, stop)
+        check_output(out, stop, "generate(stop_token_ids)")
+        first = ref.token_ids.index(stop_at)
+        if out.token_ids != ref.token_ids[: first + 1] or out.finish_reason != "stop":
+            raise EngineContractError(
+                f"stop id {stop_at}: expected {ref.token_ids[: first + 1]} with 'stop', "
+                f"got {out.token_ids} with {out.finish_reason!r}"
+            )

@@ -1,0 +1,277 @@
+"""Advantage estimators, registered by name (``algorithm.adv_estimator``, verl's names).
+
+Outcome estimators (``grpo``, ``rloo``, ``reinforce_plus_plus_baseline``) turn one
+score per trajectory into one advantage per trajectory and broadcast it over
+the model's tokens. Token estimators (``gae``, ``reinforce_plus_plus``) run a
+discounted recursion over token-level rewards.
+
+Time axis of the token estimators: only the model's tokens (mask 1) are time
+steps. A tool response or user turn in the middle of a trajectory (mask 0) is
+part of the environment's transition, not an action, so discounting and
+bootstrapping jump straight from the last model token before it to the first
+model token after it; values predicted at mask-0 positions are ignored. A
+reward placed on a mask-0 position (e.g. a tool's reward) is credited to the
+closest model token before it, the action that caused it; a non-zero reward
+before the first model token is an error. (verl's older loop restarted the
+return at every mask-0 token, which cut multi-turn credit assignment.)
+
+Singleton groups follow verl: mean 0 and std 1, so the advantage is the score.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
+
+import torch
+from torch import Tensor
+
+from verl_agent.trainer.losses import masked_mean, masked_sum
+
+__all__ = [
+    "AdvantageInputs", "ADV_ESTIMATORS", "register_adv_estimator", "get_adv_estimator",
+    "compute_advantages", "group_ids_from_index", "masked_whiten", "scores_to_token_rewards",
+    "apply_kl_in_reward", "filter_uniform_groups",
+]
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an estimator may read; ``compute_advantages`` fills it."""
+
+    token_rewards: Tensor  # [B, T] reward per position (outcome on the last model token)
+    scores: Tensor  # [B] trajectory reward (sum of token_rewards unless given)
+    response_mask: Tensor  # [B, T] 1 on model tokens
+    group_ids: Tensor | None  # [B] dense ids 0..G-1, same id = same prompt
+    values: Tensor | None  # [B, T] critic values (gae only)
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    epsilon: float = 1e-6
+
+
+AdvantageFn = Callable[[AdvantageInputs], "tuple[Tensor, Tensor]"]
+ADV_ESTIMATORS: dict[str, AdvantageFn] = {}
+
+
+def register_adv_estimator(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Register ``fn(inputs) -> (advantages [B,T], returns [B,T])`` under ``name``."""
+    def deco(fn: AdvantageFn) -> AdvantageFn:
+        if name in ADV_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADV_ESTIMATORS[name] = fn
+        return fn
+    return deco
+
+
+def get_adv_estimator(name: str) -> AdvantageFn:
+    try:
+        return ADV_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm.adv_estimator {name!r}; registered: {sorted(ADV_ESTIMATORS)}") from None
+
+
+def compute_advantages(
+    name: str, *, response_mask: Tensor, token_rewards: Tensor | None = None, scores: Tensor | None = None,
+    group_index: Tensor | Sequence[Hashable] | None = None, values: Tensor | None = None,
+    gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """Run estimator ``name``; give ``token_rewards`` [B,T] or ``scores`` [B] (or both).
+
+    Missing ``scores`` = row sums of ``token_rewards``; missing ``token_rewards`` =
+    each score on the row's last model token. Both outputs are zero off the mask.
+    """
+    fn = get_adv_estimator(name)
+    if response_mask.dim() != 2:
+        raise ValueError(f"response_mask must be [B, T], got shape {tuple(response_mask.shape)}")
+    B = response_mask.shape[0]
+    if token_rewards is None and scores is None:
+        raise ValueError(f"adv_estimator {name!r}: pass token_rewards [B, T] or scores [B]")
+    if token_rewards is not None and token_rewards.shape != response_mask.shape:
+        raise ValueError(f"token_rewards has shape {tuple(token_rewards.shape)}, response_mask {tuple(response_mask.shape)}")
+    if scores is not None and scores.shape != (B,):
+        raise ValueError(f"scores must have shape ({B},), got {tuple(scores.shape)}")
+    if values is not None and values.shape != response_mask.shape:
+        raise ValueError(f"values has shape {tuple(values.shape)}, response_mask {tuple(response_mask.shape)}")
+    if scores is None:
+        scores = token_rewards.sum(-1)
+    if token_rewards is None:
+        token_rewards = scores_to_token_rewards(scores, response_mask)
+    gids = None if group_index is None else group_ids_from_index(group_index, B)
+    inputs = AdvantageInputs(token_rewards.float(), scores.float(), response_mask, gids, values,
+                             gamma, lam, norm_adv_by_std_in_grpo, epsilon)
+    return fn(inputs)
+
+
+def group_ids_from_index(group_index: Tensor | Sequence[Hashable], batch_size: int) -> Tensor:
+    """Dense group ids 0..G-1 from a LongTensor [B] or a list of uids (e.g. prompt uid strings)."""
+    if len(group_index) != batch_size:
+        raise ValueError(f"group_index has {len(group_index)} entries for a batch of {batch_size}")
+    if isinstance(group_index, Tensor):
+        return torch.unique(group_index, return_inverse=True)[1]
+    dense: dict[Hashable, int] = {}
+    return torch.tensor([dense.setdefault(u, len(dense)) for u in group_index], dtype=torch.long)
+
+
+def _group_stats(scores: Tensor, gids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-group (count, sum, unbiased std), indexed by group id."""
+    gids = gids.to(scores.device)
+    G = int(gids.max()) + 1 if gids.numel() else 0
+    count = torch.zeros(G, device=scores.device).index_add_(0, gids, torch.ones_like(scores))
+    total = torch.zeros(G, device=scores.device).index_add_(0, gids, scores)
+    sq = (scores - (total / count)[gids]).square()
+    var = torch.zeros(G, device=scores.device).index_add_(0, gids, sq) / (count - 1).clamp(min=1)
+    return count, total, var.sqrt()
+
+
+def _need_groups(inp: AdvantageInputs, name: str) -> Tensor:
+    if inp.group_ids is None:
+        raise ValueError(f"adv_estimator {name!r} needs group_index (one uid per prompt)")
+    return inp.group_ids.to(inp.scores.device)
+
+
+def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask.bool(), per_seq.unsqueeze(-1), torch.zeros((), device=per_seq.device))
+
+
+@register_adv_estimator("grpo")
+def grpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """(s - mean_group) / (std_group + eps); Dr. GRPO (no std) when norm_adv_by_std_in_grpo=False."""
+    gids = _need_groups(inp, "grpo")
+    count, total, std = _group_stats(inp.scores, gids)
+    single = count[gids] == 1
+    adv = inp.scores - torch.where(single, 0.0, (total / count)[gids])
+    if inp.norm_adv_by_std_in_grpo:
+        adv = adv / (torch.where(single, 1.0, std[gids]) + inp.epsilon)
+    adv = _broadcast(adv, inp.response_mask)
+    return adv, adv
+
+
+@register_adv_estimator("rloo")
+def rloo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """s_i - mean of the other members of its group: (n s_i - sum) / (n - 1)."""
+    count, total, _ = _group_stats(inp.scores, _need_groups(inp, "rloo"))
+    n, tot = count[inp.group_ids.to(inp.scores.device)], total[inp.group_ids.to(inp.scores.device)]
+    adv = torch.where(n > 1, (n * inp.scores - tot) / (n - 1).clamp(min=1), inp.scores)
+    adv = _broadcast(adv, inp.response_mask)
+    return adv, adv
+
+
+@register_adv_estimator("reinforce_plus_plus_baseline")
+def reinforce_pp_baseline_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """s - group mean, broadcast, then whitened over all model tokens of the batch."""
+    gids = _need_groups(inp, "reinforce_plus_plus_baseline")
+    count, total, _ = _group_stats(inp.scores, gids)
+    adv = inp.scores - torch.where(count[gids] == 1, 0.0, (total / count)[gids])
+    adv = masked_whiten(_broadcast(adv, inp.response_mask), inp.response_mask)
+    return adv, adv
+
+
+@register_adv_estimator("reinforce_plus_plus")
+def reinforce_pp_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """Discounted return-to-go over model tokens, whitened over the batch (no critic)."""
+    mask = inp.response_mask
+    rewards = _pack_rewards(inp.token_rewards, mask)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0]) if rewards.shape[1] else None
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + inp.gamma * running
+        returns[:, t] = running
+    returns = _unpack(returns, mask)
+    return masked_whiten(returns, mask), returns
+
+
+@register_adv_estimator("gae")
+def gae_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """GAE(gamma, lam) with a critic; returns = adv + V (critic target); adv whitened."""
+    if inp.values is None:
+        raise ValueError("adv_estimator 'gae' needs values [B, T] from the critic")
+    mask = inp.response_mask
+    rewards = _pack_rewards(inp.token_rewards, mask)
+    values = _pack(inp.values.float(), mask)
+    adv = torch.zeros_like(rewards)
+    last = next_value = torch.zeros_like(rewards[:, 0]) if rewards.shape[1] else None
+    for t in reversed(range(rewards.shape[1])):  # padding after a row's end has r = V = 0: terminal
+        delta = rewards[:, t] + inp.gamma * next_value - values[:, t]
+        last = delta + inp.gamma * inp.lam * last
+        adv[:, t] = last
+        next_value = values[:, t]
+    returns = _unpack(adv + values, mask)
+    return masked_whiten(_unpack(adv, mask), mask), returns
+
+
+def _pack_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Pack rewards onto the model-token axis; a reward at a mask-0 position goes to the model token before it."""
+    step = mask.long().cumsum(-1) - 1  # index of the latest model token, -1 before the first
+    orphan = (step < 0) & (rewards != 0)
+    if bool(orphan.any()):
+        row = int(orphan.nonzero()[0, 0])
+        raise ValueError(f"token_rewards row {row} has a non-zero reward before its first model token")
+    L = int(mask.sum(-1).max()) if mask.numel() else 0
+    packed = torch.zeros(mask.shape[0], L, dtype=rewards.dtype, device=rewards.device)
+    if L:
+        packed.scatter_add_(1, step.clamp(min=0), torch.where(step >= 0, rewards, 0.0))
+    return packed
+
+
+def _model_positions(mask: Tensor) -> Tensor:
+    """[B, T]: column k holds the position of the row's k-th model token (junk past the count)."""
+    T = mask.shape[1]
+    key = torch.where(mask.bool(), 0, T) + torch.arange(T, device=mask.device)  # model tokens sort first
+    return key.argsort(dim=1) % T if T else key
+
+
+def _pack(x: Tensor, mask: Tensor) -> Tensor:
+    """[B, T] -> [B, L]: the values at model tokens, left-aligned, zero after each row's count."""
+    L = int(mask.sum(-1).max()) if mask.numel() else 0
+    packed = torch.gather(x, 1, _model_positions(mask)[:, :L])
+    return torch.where(torch.arange(L, device=x.device) < mask.sum(-1, keepdim=True), packed, 0.0)
+
+
+def _unpack(packed: Tensor, mask: Tensor) -> Tensor:
+    """Inverse of ``_pack``: zeros at mask-0 positions."""
+    step = (mask.long().cumsum(-1) - 1).clamp(min=0, max=max(packed.shape[1] - 1, 0))
+    if packed.shape[1] == 0:
+        return torch.zeros(mask.shape, dtype=packed.dtype, device=packed.device)
+    return torch.where(mask.bool(), torch.gather(packed, 1, step), 0.0)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over masked-in entries (unbiased var, as verl); 0 off the mask."""
+    mean = masked_mean(x, mask)
+    n = mask.sum()
+    var = masked_sum((x - mean).square(), mask) / (n - 1).clamp(min=1)
+    return torch.where(mask.bool(), (x - mean) * torch.rsqrt(var + eps), 0.0)
+
+
+def scores_to_token_rewards(scores: Tensor, mask: Tensor) -> Tensor:
+    """[B] outcome scores -> [B, T] with each score on its row's last model token."""
+    T = mask.shape[1]
+    last = T - 1 - mask.flip(-1).long().argmax(-1)
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    has = mask.bool().any(-1)
+    out[has, last[has]] = scores.float()[has]
+    return out
+
+
+def apply_kl_in_reward(token_rewards: Tensor, kl: Tensor, kl_coef: float, mask: Tensor) -> Tensor:
+    """``algorithm.use_kl_in_reward``: r_t - kl_coef * KL_t on model tokens (kl from ``kl_penalty``)."""
+    if kl.shape != mask.shape or token_rewards.shape != mask.shape:
+        raise ValueError(f"token_rewards {tuple(token_rewards.shape)}, kl {tuple(kl.shape)} and mask "
+                         f"{tuple(mask.shape)} must have the same shape")
+    return token_rewards - kl_coef * torch.where(mask.bool(), kl, 0.0)
+
+
+def filter_uniform_groups(scores: Tensor, group_index: Tensor | Sequence[Hashable], atol: float = 0.0) -> Tensor:
+    """Keep mask [B] that drops groups whose scores are all equal (DAPO dynamic sampling).
+
+    Such a group has zero advantage under GRPO, so it only dilutes the batch.
+    Groups of one are kept (nothing to compare), as in verl.
+    """
+    gids = group_ids_from_index(group_index, scores.shape[0]).to(scores.device)
+    G = int(gids.max()) + 1 if gids.numel() else 0
+    s = scores.float()
+    hi = torch.full((G,), -torch.inf, device=s.device).scatter_reduce(0, gids, s, "amax")
+    lo = torch.full((G,), torch.inf, device=s.device).scatter_reduce(0, gids, s, "amin")
+    count = torch.zeros(G, device=s.device).index_add_(0, gids, torch.ones_like(s))
+    return ((hi - lo) > atol)[gids] | (count[gids] == 1)

@@ -1,0 +1,251 @@
+"""Masked reductions and the trainer's losses, as pure tensor functions.
+
+Every tensor is padded ``[B, T]`` with a ``response_mask`` ``[B, T]`` that is 1
+exactly on the model's own tokens. Tool, user and template tokens (mask 0) may
+sit in the middle of a multi-turn trajectory; they never contribute to a loss
+or a metric, and they receive exactly zero gradient even if the padded values
+there are garbage (reductions use ``torch.where``, not multiplication, so an
+``inf`` or ``nan`` at a masked position cannot leak in).
+
+Policy losses are registered by name in ``POLICY_LOSSES`` (the value of
+``actor_rollout_ref.actor.policy_loss.loss_mode``). Metrics are returned as
+detached 0-d tensors so that the caller decides when to synchronise a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "LOSS_AGG_MODES", "KL_PENALTIES", "POLICY_LOSSES", "PolicyLossFn",
+    "masked_sum", "masked_mean", "agg_loss", "kl_penalty", "entropy_from_logits",
+    "register_policy_loss", "get_policy_loss", "compute_policy_loss", "vanilla_policy_loss",
+    "gspo_policy_loss", "value_loss",
+]
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_PENALTIES = ("k1", "kl", "abs", "mse", "k2", "low_var_kl", "k3")
+
+
+def _check_same_shape(mask: Tensor, **tensors: Tensor) -> None:
+    for name, t in tensors.items():
+        if t.shape != mask.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but response_mask has {tuple(mask.shape)}")
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``x`` where ``mask`` is set; masked positions get zero gradient even if non-finite."""
+    picked = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return picked.sum() if dim is None else picked.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean over masked-in entries; 0 (not nan) when nothing is masked in."""
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype)
+
+
+def agg_loss(
+    loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", *,
+    global_token_count: float | Tensor | None = None, global_seq_count: float | Tensor | None = None,
+) -> Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar (``actor.loss_agg_mode``).
+
+    ``token-mean``: sum over all model tokens / number of model tokens.
+    ``seq-mean-token-sum``: per sequence sum of tokens, mean over sequences.
+    ``seq-mean-token-mean``: per sequence mean of tokens, mean over sequences.
+    ``seq-mean-token-sum-norm``: per sequence sum / T (Dr. GRPO's constant normaliser), mean over sequences.
+
+    Sequences without any model token (e.g. a filtered group) do not count in a
+    sequence mean. For gradient accumulation pass the totals of the whole step
+    (``global_token_count`` for token-mean, ``global_seq_count`` for the seq
+    modes) and SUM the micro-batch losses: the result then equals the loss of
+    the full batch in one piece. Under DDP/FSDP, whose all-reduce averages
+    gradients over ranks, pass the step total divided by the world size.
+    """
+    _check_same_shape(mask, loss_mat=loss_mat)
+    if mode == "token-mean":
+        denom = mask.sum() if global_token_count is None else global_token_count
+        return masked_sum(loss_mat, mask) / _as_denominator(denom, loss_mat)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {list(LOSS_AGG_MODES)}")
+    per_seq = masked_sum(loss_mat, mask, dim=-1)
+    tokens = mask.sum(-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / tokens.clamp(min=1).to(loss_mat.dtype)
+    elif mode == "seq-mean-token-sum-norm":
+        per_seq = per_seq / loss_mat.shape[-1]
+    nseq = (tokens > 0).sum() if global_seq_count is None else global_seq_count
+    return per_seq.sum() / _as_denominator(nseq, loss_mat)
+
+
+def _as_denominator(n: float | Tensor, like: Tensor) -> Tensor:
+    n = torch.as_tensor(n, dtype=like.dtype, device=like.device)
+    return n.clamp(min=1)  # an empty batch gives loss 0, not nan
+
+
+def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kind: str = "low_var_kl") -> Tensor:
+    """Per-token estimate of KL(policy || ref) from sampled-token log-probs.
+
+    ``k1``/``kl``: log p - log q (unbiased, high variance, can be negative).
+    ``abs``: |log p - log q|.  ``k2``/``mse``: 0.5 (log p - log q)^2.
+    ``k3``/``low_var_kl``: q/p - log(q/p) - 1 (Schulman's unbiased, non-negative
+    estimator), with log(q/p) clamped to [-20, 20] and the result to [-10, 10]
+    as verl does, so one wild token cannot blow up the loss.
+    A ``+`` suffix (e.g. ``k3+``) keeps the value of the estimator but takes
+    the gradient of k2, which is unbiased for the KL gradient.
+    """
+    if kind.endswith("+"):
+        value = kl_penalty(log_prob, ref_log_prob, kind[:-1])
+        k2 = 0.5 * (log_prob - ref_log_prob).square()
+        return k2 - k2.detach() + value.detach()
+    diff = log_prob - ref_log_prob
+    if kind in ("k1", "kl"):
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind in ("k2", "mse"):
+        return 0.5 * diff.square()
+    if kind in ("k3", "low_var_kl"):
+        log_ratio = (-diff).clamp(-20.0, 20.0)  # log(q/p)
+        return (log_ratio.exp() - log_ratio - 1).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown kl penalty {kind!r}; expected one of {list(KL_PENALTIES)} (optionally with '+')")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the softmax over the last dim: logsumexp(z) - sum softmax(z) z."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+class PolicyLossFn(Protocol):
+    def __call__(
+        self, old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+        clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None, loss_agg_mode: str,
+        global_token_count: float | Tensor | None = None, global_seq_count: float | Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Register a policy loss under ``name`` (``policy_loss.loss_mode``)."""
+    def deco(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = fn
+        return fn
+    return deco
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy_loss.loss_mode {name!r}; registered: {sorted(POLICY_LOSSES)}") from None
+
+
+def compute_policy_loss(name: str, old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor,
+                        response_mask: Tensor, **kwargs) -> tuple[Tensor, dict[str, Tensor]]:
+    """Look up ``name`` in ``POLICY_LOSSES`` and call it."""
+    return get_policy_loss(name)(old_log_prob, log_prob, advantages, response_mask, **kwargs)
+
+
+def _check_clip(low: float, high: float, c: float | None) -> None:
+    if not (0 <= low < 1) or high < 0:
+        raise ValueError(f"clip ratios must satisfy 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got {low}, {high}")
+    if c is not None and c <= 1.0:
+        raise ValueError(f"clip_ratio_c (dual clip) must be > 1.0, got {c}")
+
+
+@register_policy_loss("vanilla")
+def vanilla_policy_loss(
+    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float | None = 3.0,
+    loss_agg_mode: str = "token-mean",
+    global_token_count: float | Tensor | None = None, global_seq_count: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate with asymmetric bounds (DAPO clip-higher) and dual clip.
+
+    per token: max(-A r, -A clip(r, 1-low, 1+high)); for A < 0 additionally capped
+    at -A c (dual clip, arXiv:1912.09729) so a huge ratio on a bad token cannot
+    produce an unbounded loss. ``clip_ratio_c=None`` disables the dual clip.
+    """
+    _check_same_shape(response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
+    _check_clip(clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)  # exp() stays finite
+    ratio = log_ratio.exp()
+    loss1 = -advantages * ratio
+    loss2 = -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    clipped = torch.maximum(loss1, loss2)
+    metrics = {"pg_clipfrac": masked_mean((loss2 > loss1).float(), response_mask).detach(),
+               "ppo_kl": masked_mean(-log_ratio, response_mask).detach()}
+    if clip_ratio_c is not None:
+        loss3 = -advantages * clip_ratio_c
+        lower = (advantages < 0) & (clipped > loss3)
+        clipped = torch.where(advantages < 0, torch.minimum(clipped, loss3), clipped)
+        metrics["pg_clipfrac_lower"] = masked_mean(lower.float(), response_mask).detach()
+    else:
+        metrics["pg_clipfrac_lower"] = torch.zeros((), device=log_prob.device)
+    loss = agg_loss(clipped, response_mask, loss_agg_mode,
+                    global_token_count=global_token_count, global_seq_count=global_seq_count)
+    return loss, metrics
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(
+    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
+    clip_ratio_low: float = 3e-4, clip_ratio_high: float = 4e-4, clip_ratio_c: float | None = None,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    global_token_count: float | Tensor | None = None, global_seq_count: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (arXiv:2507.18071): clip a sequence-level ratio s = exp(mean_t log r_t).
+
+    Per token we use s_t = sg(s) * pi_t / sg(pi_t): its value is s for every
+    model token of the sequence and its gradient is s * grad log pi_t, so with
+    ``seq-mean-token-mean`` (the paper's objective) the gradient is the paper's.
+    The clip range is tiny (the paper uses 3e-4 / 4e-4) because s is a geometric
+    mean. ``clip_ratio_c`` is accepted for a uniform signature and ignored.
+    """
+    del clip_ratio_c
+    _check_same_shape(response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
+    _check_clip(clip_ratio_low, clip_ratio_high, None)
+    log_ratio = log_prob - old_log_prob
+    seq_log_ratio = masked_mean(log_ratio, response_mask, dim=-1)  # [B]
+    token_log_s = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    s = token_log_s.clamp(max=10.0).exp()
+    loss1 = -advantages * s
+    loss2 = -advantages * s.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    loss = agg_loss(torch.maximum(loss1, loss2), response_mask, loss_agg_mode,
+                    global_token_count=global_token_count, global_seq_count=global_seq_count)
+    metrics = {"pg_clipfrac": masked_mean((loss2 > loss1).float(), response_mask).detach(),
+               "ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
+               "pg_clipfrac_lower": torch.zeros((), device=log_prob.device)}
+    return loss, metrics
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, cliprange_value: float | None,
+    loss_agg_mode: str = "token-mean", *, global_token_count: float | Tensor | None = None,
+    global_seq_count: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Critic loss 0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2), PPO's clipped value loss.
+
+    ``cliprange_value=None`` gives the plain squared error. Returns (loss, {"vf_clipfrac"}).
+    """
+    _check_same_shape(mask, values=values, old_values=old_values, returns=returns)
+    loss1 = (values - returns).square()
+    if cliprange_value is None:
+        per_token, clipfrac = loss1, torch.zeros((), device=values.device)
+    else:
+        clipped_v = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+        loss2 = (clipped_v - returns).square()
+        per_token = torch.maximum(loss1, loss2)
+        clipfrac = masked_mean((loss2 > loss1).float(), mask).detach()
+    loss = 0.5 * agg_loss(per_token, mask, loss_agg_mode,
+                          global_token_count=global_token_count, global_seq_count=global_seq_count)
+    return loss, {"vf_clipfrac": clipfrac}
