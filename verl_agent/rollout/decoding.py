@@ -35,7 +35,8 @@ class DecodeSettings:
     pad_token_id: int
     eos_token_ids: list[int]  # added to every request's stop ids when stop_on_eos
     stop_on_eos: bool = True
-    static: bool = False  # static cache + compiled decode step
+    static: bool = False  # static KV cache, fixed shapes
+    compile: bool = False  # torch.compile the decode step (CUDA graphs); needs static
     length_bucket: int = 128
     sync_every: int = 1  # check "all finished" every k steps (each check is a device sync)
     max_length: int | None = None  # model context limit
@@ -151,9 +152,9 @@ def _prefill(model, ids, mask, total: int, s: DecodeSettings, state: StaticState
             state.caches[(batch, length)] = cache
         cache.reset()
         attn = torch.cat([mask, torch.ones(batch, length - width, dtype=mask.dtype, device=mask.device)], 1)
-        if state.compiled is None:
+        if s.compile and state.compiled is None:
             state.compiled = _compile(model)
-        forward = state.compiled
+        forward = state.compiled if s.compile else model
     else:
         cache = DynamicCache(config=model.config)
         attn = torch.cat([mask, torch.ones(batch, total - width, dtype=mask.dtype, device=mask.device)], 1)
@@ -167,7 +168,7 @@ def _prefill(model, ids, mask, total: int, s: DecodeSettings, state: StaticState
 
     def step(tok: torch.Tensor, positions: torch.Tensor, offset: int) -> torch.Tensor:
         kw = {"cache_position": torch.tensor([offset], device=tok.device)} if use_cache_position else {}
-        if s.static:
+        if s.compile:
             torch.compiler.cudagraph_mark_step_begin()
         m = attn if s.static else attn[:, : offset + 1]
         o = forward(
@@ -175,7 +176,7 @@ def _prefill(model, ids, mask, total: int, s: DecodeSettings, state: StaticState
             use_cache=True, **{cache_kw: cache}, **kw,
         )  # fmt: skip
         logits = o.logits[:, -1].float()
-        return logits.clone() if s.static else logits  # CUDA-graph outputs are overwritten by the next replay
+        return logits.clone() if s.compile else logits  # CUDA-graph outputs are overwritten by the next replay
 
     return step, logits
 

@@ -69,7 +69,8 @@ class HFEngine:
 
     model: a HF path/id or an already-built model (e.g. the trainer's colocated replica).
     stop_on_eos: also stop each request on the model's eos ids (besides its own stop ids).
-    static: static KV cache + compiled decode step; default True on CUDA, False on CPU.
+    static: static KV cache (fixed shapes); default True on CUDA, False on CPU.
+    compile: torch.compile the decode step with CUDA graphs; default = static on CUDA.
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class HFEngine:
         max_batch_size: int = 64,
         stop_on_eos: bool = True,
         static: bool | None = None,
+        compile: bool | None = None,
         seed: int = 0,
         sync_every: int | None = None,
     ) -> None:
@@ -97,6 +99,7 @@ class HFEngine:
             eos_token_ids=_eos_ids(self.model),
             stop_on_eos=stop_on_eos,
             static=static,
+            compile=(static and self.device.type == "cuda") if compile is None else compile,
             sync_every=sync_every or (8 if static else 1),
             max_length=getattr(self.model.config, "max_position_embeddings", None),
         )

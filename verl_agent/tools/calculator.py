@@ -103,6 +103,9 @@ def _eval(node: ast.AST) -> Any:
         return _CONSTS[node.id]
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords:
         return _check_size(_FUNCS[node.func.id](*[_eval(a) for a in node.args]))
+    if isinstance(node, ast.Call):
+        fname = getattr(node.func, "id", None) or getattr(node.func, "attr", None) or type(node.func).__name__
+        raise CalculatorError(f"function '{fname}' is not allowed; allowed: {', '.join(_FUNCS)}")
     what = node.id if isinstance(node, ast.Name) else type(node).__name__
     raise CalculatorError(f"'{what}' is not allowed in an arithmetic expression")
 

@@ -21,6 +21,7 @@ hidden from the model and filled from the instance id / the dataset's
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import re
@@ -131,6 +132,21 @@ def _to_response(result: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
     return ToolResponse(text="" if result is None else str(result)), 0.0, {}
 
 
+def _object_converters(fn: Callable[..., Any]) -> dict[str, Callable[[dict], Any]]:
+    """Parameters typed as a dataclass or pydantic model: dict -> instance."""
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception:
+        return {}
+    out: dict[str, Callable[[dict], Any]] = {}
+    for name, tp in hints.items():
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            out[name] = lambda d, tp=tp: tp(**d)
+        elif isinstance(tp, type) and hasattr(tp, "model_validate"):
+            out[name] = tp.model_validate
+    return out
+
+
 class FunctionTool(BaseTool):
     """A BaseTool that calls a Python function; built by `@tool` or from a YAML `class_name` naming a function."""
 
@@ -147,6 +163,7 @@ class FunctionTool(BaseTool):
         self.exclude = tuple(exclude)
         self._sig = inspect.signature(fn)
         self._accepts_any = any(p.kind == p.VAR_KEYWORD for p in self._sig.parameters.values())
+        self._converters = _object_converters(fn)
         super().__init__(config, tool_schema or function_schema(fn, name, description, self.exclude))
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -165,6 +182,9 @@ class FunctionTool(BaseTool):
         for k, v in kwargs.items():  # execute_kwargs fill hidden parameters (or **kwargs)
             if k in self._sig.parameters or self._accepts_any:
                 call[k] = v
+        for k, convert in self._converters.items():  # nested dataclass / pydantic arguments arrive as dicts
+            if isinstance(call.get(k), dict):
+                call[k] = convert(call[k])
         if "instance_id" in self._sig.parameters:
             call["instance_id"] = instance_id
         if inspect.iscoroutinefunction(self.fn):

@@ -135,12 +135,13 @@ def build_tools(entries: Any, source: str = "<tools>", base_dir: Path | None = N
     if not isinstance(entries, list):
         raise ToolConfigError(f"{source}: 'tools' must be a list of entries, got {type(entries).__name__}")
     tools: dict[str, BaseTool] = {}
+    first: dict[str, int] = {}
     for i, entry in enumerate(entries):
         where = f"{source}: tools[{i}]"
         t = _build_one(entry, where, base_dir)
         if t.name in tools:
-            raise ToolConfigError(f"{where}: duplicate tool name {t.name!r} (already defined by {tools[t.name]!r})")
-        tools[t.name] = t
+            raise ToolConfigError(f"{where}: duplicate tool name {t.name!r} (also defined by tools[{first[t.name]}])")
+        tools[t.name], first[t.name] = t, i
     return tools
 
 

@@ -20,8 +20,8 @@ Singleton groups follow verl: mean 0 and std 1, so the advantage is the score.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor
@@ -88,7 +88,8 @@ def compute_advantages(
     if token_rewards is None and scores is None:
         raise ValueError(f"adv_estimator {name!r}: pass token_rewards [B, T] or scores [B]")
     if token_rewards is not None and token_rewards.shape != response_mask.shape:
-        raise ValueError(f"token_rewards has shape {tuple(token_rewards.shape)}, response_mask {tuple(response_mask.shape)}")
+        raise ValueError(f"token_rewards has shape {tuple(token_rewards.shape)}, "
+                         f"response_mask {tuple(response_mask.shape)}")
     if scores is not None and scores.shape != (B,):
         raise ValueError(f"scores must have shape ({B},), got {tuple(scores.shape)}")
     if values is not None and values.shape != response_mask.shape:
@@ -105,6 +106,8 @@ def compute_advantages(
 
 def group_ids_from_index(group_index: Tensor | Sequence[Hashable], batch_size: int) -> Tensor:
     """Dense group ids 0..G-1 from a LongTensor [B] or a list of uids (e.g. prompt uid strings)."""
+    if isinstance(group_index, Tensor) and group_index.dim() != 1:
+        raise ValueError(f"group_index must be a 1-d tensor [B], got shape {tuple(group_index.shape)}")
     if len(group_index) != batch_size:
         raise ValueError(f"group_index has {len(group_index)} entries for a batch of {batch_size}")
     if isinstance(group_index, Tensor):
@@ -150,8 +153,9 @@ def grpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 @register_adv_estimator("rloo")
 def rloo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """s_i - mean of the other members of its group: (n s_i - sum) / (n - 1)."""
-    count, total, _ = _group_stats(inp.scores, _need_groups(inp, "rloo"))
-    n, tot = count[inp.group_ids.to(inp.scores.device)], total[inp.group_ids.to(inp.scores.device)]
+    gids = _need_groups(inp, "rloo")
+    count, total, _ = _group_stats(inp.scores, gids)
+    n, tot = count[gids], total[gids]
     adv = torch.where(n > 1, (n * inp.scores - tot) / (n - 1).clamp(min=1), inp.scores)
     adv = _broadcast(adv, inp.response_mask)
     return adv, adv
@@ -173,7 +177,7 @@ def reinforce_pp_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     mask = inp.response_mask
     rewards = _pack_rewards(inp.token_rewards, mask)
     returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0]) if rewards.shape[1] else None
+    running = rewards.new_zeros(rewards.shape[0])
     for t in reversed(range(rewards.shape[1])):
         running = rewards[:, t] + inp.gamma * running
         returns[:, t] = running
@@ -190,7 +194,7 @@ def gae_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     rewards = _pack_rewards(inp.token_rewards, mask)
     values = _pack(inp.values.float(), mask)
     adv = torch.zeros_like(rewards)
-    last = next_value = torch.zeros_like(rewards[:, 0]) if rewards.shape[1] else None
+    last = next_value = rewards.new_zeros(rewards.shape[0])
     for t in reversed(range(rewards.shape[1])):  # padding after a row's end has r = V = 0: terminal
         delta = rewards[:, t] + inp.gamma * next_value - values[:, t]
         last = delta + inp.gamma * inp.lam * last

@@ -14,7 +14,8 @@ detached 0-d tensors so that the caller decides when to synchronise a GPU.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -57,7 +58,8 @@ def agg_loss(
     ``token-mean``: sum over all model tokens / number of model tokens.
     ``seq-mean-token-sum``: per sequence sum of tokens, mean over sequences.
     ``seq-mean-token-mean``: per sequence mean of tokens, mean over sequences.
-    ``seq-mean-token-sum-norm``: per sequence sum / T (Dr. GRPO's constant normaliser), mean over sequences.
+    ``seq-mean-token-sum-norm``: per sequence sum / T (Dr. GRPO's constant normaliser), mean over
+    sequences; T is the padded width, so give every micro-batch the same width for invariance.
 
     Sequences without any model token (e.g. a filtered group) do not count in a
     sequence mean. For gradient accumulation pass the totals of the whole step
@@ -157,7 +159,8 @@ def compute_policy_loss(name: str, old_log_prob: Tensor, log_prob: Tensor, advan
 
 def _check_clip(low: float, high: float, c: float | None) -> None:
     if not (0 <= low < 1) or high < 0:
-        raise ValueError(f"clip ratios must satisfy 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got {low}, {high}")
+        raise ValueError(f"clip ratios must satisfy 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, "
+                         f"got {low}, {high}")
     if c is not None and c <= 1.0:
         raise ValueError(f"clip_ratio_c (dual clip) must be > 1.0, got {c}")
 

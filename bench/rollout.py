@@ -1,0 +1,153 @@
+"""Rollout benchmarks: agent-loop overhead and hf-engine throughput. Prints a table and one JSON line.
+
+  python bench/rollout.py                 # loop overhead (instant engine) + hf engine on CPU with the tiny model
+  python bench/rollout.py --gpu           # + the GPU fast path on a random Qwen2-0.5B-shaped model (bf16)
+  python bench/rollout.py --gpu --only-gpu --batch 256 --prompt-len 256 --new-tokens 256
+
+Loop overhead: 2-turn calculator conversations on a scripted engine that answers
+instantly, so the figure is the cost of the loop itself (parsing, tools, chat
+encoding, bookkeeping) on one asyncio thread = one core.
+Engine throughput: N concurrent requests of equal length through the Engine API
+vs transformers' own `generate` on the same batch (warm calls; generated tokens/s).
+Needs neither ray nor sglang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+
+def bench_loop(n_traj: int) -> dict[str, float]:
+    from verl_agent.config import RolloutConfig
+    from verl_agent.models.tokenizer import train_tokenizer
+    from verl_agent.protocol import Message, Sample
+    from verl_agent.rollout.agent_loop import AgentLoop
+    from verl_agent.rollout.engine import SamplingParams
+    from verl_agent.rollout.scripted import ScriptedEngine
+    from verl_agent.tools import CalculatorTool
+
+    tok = train_tokenizer(["What is 12 * 37? The answer is 444. calculator expression arguments name"] * 50, 400)
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*37"}}\n</tool_call>'
+
+    def script(ids: list[int], _sp: SamplingParams) -> str:
+        return call if tok.decode(ids).count("<|im_start|>assistant") == 1 else "The answer is 444."
+
+    engine = ScriptedEngine(tok, script, eos_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    loop = AgentLoop(engine, tok, RolloutConfig(), tools={"calculator": CalculatorTool()}, max_response_length=512)
+    samples = [Sample(uid=str(i), messages=[Message(role="user", content="What is 12 * 37?")]) for i in range(n_traj)]
+    asyncio.run(loop.run(samples[:8], 1, SamplingParams()))  # warm-up
+    t0 = time.perf_counter()
+    batch = asyncio.run(loop.run(samples, 1, SamplingParams()))
+    dt = time.perf_counter() - t0
+    turns = sum(len(t.turns) for t in batch.trajectories)
+    assert all(t.stop_reason == "end_of_turn" for t in batch.trajectories), batch.trajectories[0]
+    return {"loop_turns_per_s": turns / dt, "loop_ms_per_turn": 1000 * dt / turns, "loop_trajectories": n_traj}
+
+
+def _raw_generate(model, batch: int, plen: int, new: int, static: bool) -> float:
+    ids = torch.randint(3, model.config.vocab_size - 1, (batch, plen), device=model.device)
+    kw = {"cache_implementation": "static"} if static else {}
+    for _ in range(2):  # the second (warm) call is timed
+        sync(model.device)
+        t0 = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, max_new_tokens=new,
+                       min_new_tokens=new, pad_token_id=0, **kw)  # fmt: skip
+        sync(model.device)
+        dt = time.perf_counter() - t0
+    return batch * new / dt
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repeats: int = 2) -> float:
+    from verl_agent.rollout.engine import SamplingParams
+    from verl_agent.rollout.hf_engine import HFEngine
+
+    engine = HFEngine(model, device=device, max_batch_size=batch, stop_on_eos=False)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, vocab - 1, (plen,), generator=gen).tolist() for _ in range(batch)]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=new)
+
+    async def once() -> float:
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+        dt = time.perf_counter() - t0
+        assert all(len(o.token_ids) == new for o in outs)
+        return batch * new / dt
+
+    async def run() -> float:
+        best = 0.0
+        for i in range(repeats + 1):  # the first call warms up (and compiles on GPU)
+            tps = await once()
+            best = tps if i > 0 else best
+        await engine.close()
+        return best
+
+    return asyncio.run(run())
+
+
+def bench_cpu(batch: int, plen: int, new: int) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM
+
+    from verl_agent.models.tiny import build_tiny
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(build_tiny())).eval()
+    return {
+        "cpu_engine_tok_s": _engine_throughput(model, batch, plen, new, "cpu"),
+        "cpu_generate_tok_s": _raw_generate(model, batch, plen, new, static=False),
+    }
+
+
+def bench_gpu(batch: int, plen: int, new: int) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, eos_token_id=151643,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to("cuda").eval()
+    raw_static = _raw_generate(model, batch, plen, new, static=True)
+    engine = _engine_throughput(model, batch, plen, new, "cuda")
+    return {"gpu_generate_static_tok_s": raw_static, "gpu_engine_tok_s": engine,
+            "gpu_engine_vs_generate": engine / raw_static, "gpu_name": torch.cuda.get_device_name()}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpu", action="store_true", help="also run the GPU benchmark (Qwen2-0.5B shape, bf16)")
+    p.add_argument("--only-gpu", action="store_true")
+    p.add_argument("--batch", type=int, default=256, help="GPU: concurrent requests")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--trajectories", type=int, default=256, help="loop benchmark: trajectories")
+    args = p.parse_args()
+    res: dict[str, float | str] = {}
+    if not args.only_gpu:
+        res.update(bench_loop(args.trajectories))
+        res.update(bench_cpu(batch=32, plen=64, new=64))
+    if args.gpu or args.only_gpu:
+        res.update(bench_gpu(args.batch, args.prompt_len, args.new_tokens))
+    width = max(len(k) for k in res)
+    print(f"{'metric':<{width}}  value")
+    for k, v in res.items():
+        print(f"{k:<{width}}  {v:,.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    print(json.dumps({"bench": "rollout", **res}))
+
+
+if __name__ == "__main__":
+    main()

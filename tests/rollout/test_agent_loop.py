@@ -1,0 +1,208 @@
+"""AgentLoop with a scripted engine: exact token ids, masks and stop reasons over multi-turn conversations.
+
+The engine is scripted (verl_agent.rollout.scripted) so that every generated
+token is known in advance; tools, interactions, chat templates and the
+tokenizer are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from rollout_helpers import CountingTool, assert_mask, assert_token_exact, call_text, sample, scripted_engine
+
+from verl_agent.interactions.base import BaseInteraction
+from verl_agent.reward import load_reward_fn
+from verl_agent.rollout.agent_loop import AgentLoop
+from verl_agent.rollout.engine import SamplingParams
+from verl_agent.tools import CalculatorTool
+
+SP = SamplingParams(max_new_tokens=200)
+
+
+def answer_reward(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0 if str(ground_truth) in solution_str else 0.0
+
+
+def loop(tok, engine, cfg, tools=None, interactions=None, reward=None, max_response_length=400):
+    return AgentLoop(engine, tok, cfg, tools=tools, interactions=interactions, reward_fn=reward,
+                     max_prompt_length=400, max_response_length=max_response_length)  # fmt: skip
+
+
+async def test_tool_call_then_answer_is_token_exact(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = scripted_engine(tok, [call_text("calculator", '{"expression": "12*37"}'), "The answer is 444."])
+    tools = {"calculator": CalculatorTool()}
+    batch = await loop(tok, engine, rollout_cfg, tools, reward=load_reward_fn(answer_reward)).run(
+        [sample(ground_truth="444")], n=2, sampling=SP
+    )
+    assert len(batch) == 2 and batch.groups() == {"s0": [0, 1]}
+    for traj in batch.trajectories:
+        assert traj.stop_reason == "end_of_turn" and traj.error is None
+        assert [m.role for m in traj.messages] == ["user", "assistant", "tool", "assistant"]
+        assert traj.messages[1].tool_calls[0].arguments == {"expression": "12*37"}
+        assert traj.messages[2].content == "444"
+        assert traj.reward == 1.0
+        assert len(traj.turns) == 2 and traj.turns[0].num_tool_calls == 1
+        assert traj.turns[0].obs_end == traj.turns[1].gen_start
+        assert traj.turns[1].obs_end == traj.turns[1].gen_end == len(traj.response_ids)
+        assert traj.metrics["num_tool_calls"] == 1 and traj.metrics["num_turns"] == 2
+        assert_token_exact(tok, traj, tools)
+        assert_mask(traj, eos)
+
+
+async def test_parallel_calls_limit_and_concurrency(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    calls = "\n".join(call_text("echo", f'{{"text": "t{i}"}}') for i in range(3))
+    engine = scripted_engine(tok, [calls, "done"])
+    echo = CountingTool(delay=0.2)
+    rollout_cfg.multi_turn.max_parallel_calls = 2
+    traj = (await loop(tok, engine, rollout_cfg, {"echo": echo}).run([sample()], 1, SP)).trajectories[0]
+    tool_msgs = [m for m in traj.messages if m.role == "tool"]
+    assert [m.content for m in tool_msgs[:2]] == ["t0", "t1"]
+    assert "was not run" in tool_msgs[2].content and "max_parallel_calls" in tool_msgs[2].content
+    assert echo.peak == 2  # the two allowed calls ran at the same time
+    assert traj.turns[0].num_tool_calls == 3 and traj.metrics["num_tool_errors"] == 1
+    assert traj.turns[0].score == pytest.approx(0.5)  # two step rewards of 0.25
+    assert traj.reward == pytest.approx(0.5)  # no reward fn, no interaction: the tools' calc_reward
+    assert echo.created == echo.released == 1
+    assert_token_exact(tok, traj, {"echo": echo})
+
+
+@pytest.mark.parametrize("side", ["left", "middle", "right"])
+async def test_tool_response_truncated(chat_tokenizer, rollout_cfg, side):
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, [call_text("echo", '{"text": "abcdefghij"}'), "ok"])
+    rollout_cfg.multi_turn.max_tool_response_length = 40
+    rollout_cfg.multi_turn.tool_response_truncate_side = side
+    tools = {"echo": CountingTool(text_len=1000)}
+    traj = (await loop(tok, engine, rollout_cfg, tools, max_response_length=2000).run([sample()], 1, SP)).trajectories[0]
+    content = traj.messages[2].content
+    assert len(content) == 40 and "(truncated)" in content
+    assert content.startswith("abc") == (side != "left") and content.endswith("hij") == (side != "right")
+    assert_token_exact(tok, traj, tools)
+
+
+async def test_parse_error_and_failing_tool_become_messages(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    bad = '<tool_call>\n{"name": "echo", "arguments": {broken\n</tool_call>'
+    engine = scripted_engine(tok, [bad, call_text("echo", '{"text": "x"}'), "gave up"])
+    echo = CountingTool(fail=True)
+    traj = (await loop(tok, engine, rollout_cfg, {"echo": echo}).run([sample()], 1, SP)).trajectories[0]
+    tools = [m.content for m in traj.messages if m.role == "tool"]
+    assert len(tools) == 2 and tools[0].startswith("Error: could not parse") and "broken" in tools[0]
+    assert tools[1].startswith("Error:") and "echo broke" in tools[1]
+    assert traj.stop_reason == "end_of_turn" and traj.metrics["num_tool_errors"] == 2
+    assert echo.released == 1
+
+
+async def test_max_assistant_turns(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, [call_text("calculator", '{"expression": "1+1"}')])
+    rollout_cfg.multi_turn.max_assistant_turns = 3
+    traj = (await loop(tok, engine, rollout_cfg, {"calculator": CalculatorTool()}).run([sample()], 1, SP)).trajectories[0]
+    assert traj.stop_reason == "max_assistant_turns" and len(traj.turns) == 3
+    assert traj.turns[-1].obs_end == traj.turns[-1].gen_end == len(traj.response_ids)  # no dangling observation
+    assert_mask(traj, tok.convert_tokens_to_ids("<|im_end|>"))
+
+
+async def test_response_budget_counts_all_turns_and_never_cuts_observations(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, [call_text("calculator", '{"expression": "1+1"}')])
+    tools = {"calculator": CalculatorTool()}
+    first = len(engine.reply_ids(call_text("calculator", '{"expression": "1+1"}')))
+    for budget in (first - 3, first + 5, 3 * first + 30):
+        rollout_cfg.multi_turn.max_assistant_turns = None
+        traj = (await loop(tok, engine, rollout_cfg, tools, max_response_length=budget).run([sample()], 1, SP)).trajectories[0]
+        assert traj.stop_reason == "response_budget"
+        assert len(traj.response_ids) <= budget
+        assert traj.turns[-1].obs_end == len(traj.response_ids)
+        assert_token_exact(tok, traj, tools) if traj.response_ids[-1] == engine.eos_id else None
+
+
+class GuessInteraction(BaseInteraction):
+    """Says "Wrong" until the model answers 444; counts finalize calls."""
+
+    finalized = 0
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        last = messages[-1]["content"]
+        if "444" in last:
+            self.instances[instance_id]["score"] = 1.0
+            return True, "Correct!", 1.0, {}
+        return False, "Wrong answer, please try again.", 0.0, {}
+
+    async def finalize_interaction(self, instance_id, **kwargs):
+        type(self).finalized += 1
+        await super().finalize_interaction(instance_id, **kwargs)
+
+
+async def test_interaction_turns_and_reward(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, ["It is 400.", "It is 444."])
+    inter = {"guess": GuessInteraction({"name": "guess"})}
+    GuessInteraction.finalized = 0
+    s = sample(interaction_kwargs={"name": "guess"})
+    traj = (await loop(tok, engine, rollout_cfg, interactions=inter).run([s], 1, SP)).trajectories[0]
+    assert traj.stop_reason == "interaction_done" and traj.reward == 1.0
+    assert [m.role for m in traj.messages] == ["user", "assistant", "user", "assistant"]
+    assert [t.score for t in traj.turns] == [0.0, 1.0]
+    assert_token_exact(tok, traj, None)
+    assert_mask(traj, tok.convert_tokens_to_ids("<|im_end|>"))
+    rollout_cfg.multi_turn.max_user_turns = 0
+    traj = (await loop(tok, engine, rollout_cfg, interactions=inter).run([s], 1, SP)).trajectories[0]
+    assert traj.stop_reason == "max_user_turns"
+    assert GuessInteraction.finalized == 2
+
+
+async def test_failures_stay_in_their_trajectory(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+
+    def reply(text, k):
+        if "boom" in text:
+            raise RuntimeError("engine exploded")
+        return "fine"
+
+    engine = scripted_engine(tok, reply)
+    inter = {"guess": GuessInteraction({"name": "guess"})}
+    samples = [sample("boom", uid="a"), sample("ok", uid="b"), sample("x", uid="c", interaction_kwargs={"name": "nope"})]
+    batch = await loop(tok, engine, rollout_cfg, interactions=inter).run(samples, 1, SP)
+    a, b, c = batch.trajectories
+    assert a.stop_reason == "error" and "engine exploded" in a.error
+    assert b.stop_reason == "end_of_turn" and b.error is None
+    assert c.stop_reason == "error" and "nope" in c.error
+
+
+async def test_prompt_too_long_is_an_error_naming_the_key(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    lp = AgentLoop(scripted_engine(tok, ["x"]), tok, rollout_cfg, max_prompt_length=5, max_response_length=10)
+    traj = (await lp.run([sample()], 1, SP)).trajectories[0]
+    assert traj.stop_reason == "error" and "max_prompt_length" in traj.error
+
+
+async def test_slow_tools_overlap(chat_tokenizer, rollout_cfg):
+    """64 trajectories whose tool sleeps 1 s each finish in a few seconds, not 64."""
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, [call_text("echo", '{"text": "z"}'), "done"])
+    echo = CountingTool(delay=1.0)
+    start = time.perf_counter()
+    batch = await loop(tok, engine, rollout_cfg, {"echo": echo}).run([sample(uid=str(i)) for i in range(64)], 1, SP)
+    elapsed = time.perf_counter() - start
+    assert all(t.stop_reason == "end_of_turn" for t in batch.trajectories)
+    assert echo.peak == 64 and echo.created == echo.released == 64
+    assert elapsed < 10, elapsed  # sequential would be 64 s
+
+
+async def test_cancelled_rollout_still_releases(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, [call_text("echo", '{"text": "z"}'), "done"])
+    echo = CountingTool(delay=5.0)
+    task = asyncio.ensure_future(loop(tok, engine, rollout_cfg, {"echo": echo}).run([sample()], 3, SP))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert echo.created == echo.released == 3

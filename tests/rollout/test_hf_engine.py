@@ -1,0 +1,180 @@
+"""HFEngine on CPU with real transformers models: contract, padding, log-probs, per-request params, weights."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from conftest import random_qwen2
+
+from verl_agent.rollout.engine import EngineContractError, SamplingParams, check_engine
+from verl_agent.rollout.hf_engine import EngineClosedError, HFEngine
+
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19, 20]]
+
+
+def full_logprobs(model, prompt, gen, temperature=1.0):
+    """Log-probs of `gen` after `prompt` from one unpadded forward pass (the trainer's view)."""
+    ids = torch.tensor([prompt + gen])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return logits.log_softmax(-1).gather(-1, torch.tensor(gen)[:, None]).squeeze(-1)
+
+
+async def test_check_engine_passes(small_model):
+    engine = HFEngine(small_model, stop_on_eos=False)
+    await check_engine(engine, max_new_tokens=12)
+    await engine.close()
+
+
+async def test_check_engine_catches_a_mixing_engine(small_model):
+    engine = HFEngine(small_model, stop_on_eos=False)
+
+    class Mixed:  # returns the answer of the previous request: the bug the checker exists for
+        last = None
+
+        async def generate(self, prompt_ids, sampling):
+            out, self.last = self.last, await engine.generate(prompt_ids, sampling)
+            return out or self.last
+
+        update_weights, sleep, wake_up, close = engine.update_weights, engine.sleep, engine.wake_up, engine.close
+
+    with pytest.raises(EngineContractError):
+        await check_engine(Mixed(), max_new_tokens=6)
+    await engine.close()
+
+
+async def test_batched_greedy_equals_hf_generate(small_model):
+    """Left padding is correct: concurrent requests of different lengths give transformers' own greedy output."""
+    engine = HFEngine(small_model, stop_on_eos=False)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=10)
+    outs = await asyncio.gather(*(engine.generate(p, sp) for p in PROMPTS))
+    for p, out in zip(PROMPTS, outs):
+        ref = small_model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None)
+        assert out.token_ids == ref[0, len(p) :].tolist()
+        assert out.finish_reason == "length"
+    assert engine.stats["batches"] == 1
+    await engine.close()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+async def test_logprobs_match_a_full_forward(small_model, temperature):
+    engine = HFEngine(small_model, stop_on_eos=False)
+    sp = SamplingParams(temperature=temperature, max_new_tokens=12, top_k=20, top_p=0.9)
+    outs = await asyncio.gather(*(engine.generate(p, sp) for p in PROMPTS))
+    for p, out in zip(PROMPTS, outs):
+        ref = full_logprobs(small_model, p, out.token_ids, temperature)
+        torch.testing.assert_close(torch.tensor(out.logprobs), ref, atol=2e-4, rtol=0)
+    await engine.close()
+
+
+async def test_per_request_params_in_one_batch(small_model):
+    engine = HFEngine(small_model, stop_on_eos=False)
+    greedy = await engine.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=8))
+    stop_at = greedy.token_ids[2]
+    reqs = [
+        (PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=3)),
+        (PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=[stop_at])),
+        (PROMPTS[1], SamplingParams(temperature=1.0, top_k=1, max_new_tokens=8)),  # top-1 sampling is greedy
+        (PROMPTS[1], SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=8)),  # so is a tiny nucleus
+        (PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)),
+        (PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)),
+    ]
+    a, b, c, d, e, f = await asyncio.gather(*(engine.generate(p, s) for p, s in reqs))
+    assert a.token_ids == greedy.token_ids[:3] and a.finish_reason == "length"
+    first = greedy.token_ids.index(stop_at)
+    assert b.token_ids == greedy.token_ids[: first + 1] and b.finish_reason == "stop"
+    assert c.token_ids == greedy.token_ids == d.token_ids
+    assert e.token_ids == f.token_ids
+    alone = await engine.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=8, seed=7))
+    assert alone.token_ids == e.token_ids  # a seed gives the same sample whatever the batch around it
+    await engine.close()
+
+
+async def test_many_concurrent_requests_never_mix(small_model):
+    engine = HFEngine(small_model, max_batch_size=16, stop_on_eos=False)
+    prompts = [[(i * 7 + j) % 90 + 2 for j in range(1 + i % 9)] for i in range(40)]
+    sp = SamplingParams(temperature=0.0, max_new_tokens=6)
+    together = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+    for p, out in zip(prompts[::5], together[::5]):
+        assert (await engine.generate(p, sp)).token_ids == out.token_ids
+    assert engine.stats["batches"] >= 3  # 40 requests, at most 16 per batch
+    await engine.close()
+
+
+async def test_event_loop_keeps_running_during_a_batch(small_model):
+    engine = HFEngine(small_model, stop_on_eos=False)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    t = asyncio.ensure_future(ticker())
+    await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=120)) for p in PROMPTS * 4))
+    t.cancel()
+    assert ticks > 10
+    await engine.close()
+
+
+async def test_eos_stops_by_default(small_model):
+    engine = HFEngine(small_model)  # eos id 1 from the model config
+    sp = SamplingParams(temperature=0.0, max_new_tokens=4)
+    first = (await HFEngine(small_model, stop_on_eos=False).generate([3], sp)).token_ids[0]
+    small_model.generation_config.eos_token_id = [first]
+    engine = HFEngine(small_model)
+    out = await engine.generate([3], sp)
+    assert out.token_ids == [first] and out.finish_reason == "stop"
+    small_model.generation_config.eos_token_id = 1
+
+
+async def test_update_weights_sleep_wake_close(small_model):
+    engine = HFEngine(random_qwen2(seed=1), stop_on_eos=False)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=8)
+    before = await engine.generate(PROMPTS[1], sp)
+    await engine.update_weights((k, v.clone()) for k, v in small_model.state_dict().items())
+    assert engine.policy_version == 1
+    mine = await HFEngine(small_model, stop_on_eos=False).generate(PROMPTS[1], sp)
+    after = await engine.generate(PROMPTS[1], sp)
+    assert after.token_ids == mine.token_ids
+    assert after.logprobs == pytest.approx(mine.logprobs, abs=1e-5)
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    with pytest.raises(KeyError, match="no.such"):
+        await engine.update_weights([("no.such.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="shape"):
+        await engine.update_weights([("model.norm.weight", torch.zeros(3))])
+    await engine.sleep()
+    with pytest.raises(RuntimeError, match="asleep"):
+        await engine.generate(PROMPTS[1], sp)
+    await engine.wake_up()
+    assert (await engine.generate(PROMPTS[1], sp)).logprobs == pytest.approx(after.logprobs, abs=1e-5)
+    await engine.close()
+    with pytest.raises(EngineClosedError):
+        await engine.generate(PROMPTS[1], sp)
+
+
+async def test_bad_prompts_are_clear_errors(small_model):
+    engine = HFEngine(small_model)
+    with pytest.raises(ValueError, match="empty"):
+        await engine.generate([], SamplingParams())
+    with pytest.raises(ValueError, match="outside"):
+        await engine.generate([1, 10_000], SamplingParams())
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    await engine.close()
+
+
+async def test_static_cache_path_matches_dynamic(small_model):
+    """The GPU fast path's cache layout (static cache, padded batch bucket, full-length mask), run eagerly on CPU."""
+    dynamic = HFEngine(small_model, stop_on_eos=False)
+    static = HFEngine(small_model, stop_on_eos=False, static=True, compile=False)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=10)
+    a = await asyncio.gather(*(dynamic.generate(p, sp) for p in PROMPTS[:3]))
+    b = await asyncio.gather(*(static.generate(p, sp) for p in PROMPTS[:3]))  # 3 rows padded to a bucket of 4
+    for x, y in zip(a, b):
+        assert x.token_ids == y.token_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    await check_engine(static, max_new_tokens=8)

@@ -1,0 +1,245 @@
+"""Adversarial suite: one attack per property of the threat model (verl_agent/sandbox/__init__.py).
+
+Every attack runs against the real process backend and the real Docker backend. Each must end with
+the run reported as failed or timed out (or harmlessly contained), the server still healthy, the
+next run clean, and the host untouched. Network tests never send traffic anywhere: they check that
+there is no interface but lo and that connecting fails at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+SECRET = "verl-sandbox-test-secret-" + uuid.uuid4().hex
+os.environ["VERL_SANDBOX_TEST_SECRET"] = SECRET  # set before the servers start; must never leak in
+
+
+def healthy_and_clean(server, run) -> None:
+    """The server answers, and runs on every worker see a clean, empty sandbox."""
+    assert httpx.get(f"{server.url}/v1/ping", timeout=10).json() == "pong"
+    server.wait_idle()
+    check = ("import os\nleft = [d + '/' + f for d in ('/tmp', '/dev/shm', '/var/tmp') for f in os.listdir(d)]\n"
+             "procs = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]\n"
+             "print(sorted(left), len(procs))")
+    for _ in range(server.service.settings.pool_size):
+        out = run(server, check)
+        assert out["status"] == "Success", out
+        assert out["run_result"]["stdout"] == "['/tmp/sandbox', '/tmp/sandbox/main.py'] 0\n", out
+
+
+def host_procs_matching(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("language,code", [
+    ("bash", ":(){ :|:& };:; sleep 30"),
+    ("python", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
+])
+def test_fork_bomb(server, run, language, code):
+    out = run(server, code, language=language, run_timeout=3)
+    assert out["status"] == "Failed" and out["run_result"]["status"] == "TimeLimitExceeded"
+    healthy_and_clean(server, run)
+
+
+def test_memory_bomb_one_process(server, run):
+    out = run(server, "x = b'x' * (2 << 30)\nprint('survived')", memory_limit_MB=128)
+    assert out["status"] == "Failed" and "survived" not in out["run_result"]["stdout"]
+    assert "MemoryError" in out["run_result"]["stderr"]
+    healthy_and_clean(server, run)
+
+
+def test_memory_bomb_many_processes_under_the_limit(server, run):
+    code = ("import os, time\nkids = []\nfor _ in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+            "        x = b'x' * (200 << 20)\n        time.sleep(3)\n        os._exit(0)\n    kids.append(pid)\n"
+            "bad = sum(os.waitpid(p, 0)[1] != 0 for p in kids)\nprint('killed', bad)\nexit(1 if bad else 0)")
+    out = run(server, code, memory_limit_MB=256, run_timeout=20)  # 6 x 200 MB > the sandbox's 512 MB
+    assert out["status"] == "Failed", out
+    healthy_and_clean(server, run)
+
+
+@pytest.mark.parametrize("code", ["while True: pass",
+                                  "import threading\ndef spin():\n    while True: pass\n"
+                                  "for _ in range(8): threading.Thread(target=spin).start()\nspin()"])
+def test_cpu_spin_times_out(server, run, code):
+    t0 = time.monotonic()
+    out = run(server, code, run_timeout=1.5)
+    assert out["run_result"]["status"] == "TimeLimitExceeded" and out["status"] == "Failed"
+    assert time.monotonic() - t0 < 8  # generous: the timeout is 1.5 s
+    healthy_and_clean(server, run)
+
+
+def test_sleep_past_timeout(server, run):
+    out = run(server, "sleep 60", language="bash", run_timeout=1)
+    assert out["run_result"]["status"] == "TimeLimitExceeded"
+    assert out["run_result"]["execution_time"] < 5
+
+
+@pytest.mark.parametrize("exit_first", [True, False])
+def test_escape_via_setsid_double_fork_nohup(server, run, exit_first):
+    marker = f"{1000 + uuid.uuid4().int % 9000}.{uuid.uuid4().int % 1000}"
+    code = (f"setsid sleep {marker} &\n( ( sleep {marker} & ) & )\nnohup sleep {marker} >/dev/null 2>&1 &\n"
+            f"python3 -c 'import os\nif os.fork() == 0:\n  os.setsid()\n  os.execvp(\"sleep\", [\"sleep\", \"{marker}\"])'\n"
+            + ("echo started" if exit_first else "sleep 60"))
+    out = run(server, code, language="bash", run_timeout=2)
+    assert out["status"] == ("Success" if exit_first else "Failed"), out
+    deadline = time.monotonic() + 5
+    while host_procs_matching(f"sleep\0{marker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host_procs_matching(f"sleep\0{marker}") == [], "a background child survived its run"
+    healthy_and_clean(server, run)
+
+
+def test_output_floods_are_capped_and_prompt(server, run):
+    cap = server.service.settings.max_output_bytes
+    t0 = time.monotonic()
+    out = run(server, "import sys\nsys.stdout.write('o' * (1 << 20))\nsys.stderr.write('e' * (1 << 20))")
+    assert time.monotonic() - t0 < 5 and out["status"] == "Success"
+    for stream in ("stdout", "stderr"):
+        text = out["run_result"][stream]
+        assert text.startswith(stream[3] * cap) and "truncated" in text and len(text) < cap + 100
+    endless = run(server, "yes flood", language="bash", run_timeout=1.5)
+    assert endless["run_result"]["status"] == "TimeLimitExceeded"
+    assert len(endless["run_result"]["stdout"]) < cap + 100
+
+
+def test_binary_output(server, run):
+    out = run(server, "import os\nos.write(1, bytes(range(256)) * 64)")
+    assert out["status"] == "Success" and "\ufffd" in out["run_result"]["stdout"]
+
+
+def test_disk_fill(server, run):
+    out = run(server, "dd if=/dev/zero of=/tmp/fill bs=1M count=4096 && echo filled", language="bash", run_timeout=20)
+    assert out["status"] == "Failed" and "No space left" in out["run_result"]["stderr"]
+    ro = run(server, "echo x > /etc/owned || echo x > /usr/owned", language="bash")
+    assert ro["status"] == "Failed"
+    healthy_and_clean(server, run)
+
+
+def test_leftover_files_are_not_visible_to_the_next_run(server, run):
+    tag = uuid.uuid4().hex
+    out = run(server, f"for d in /tmp /dev/shm /var/tmp /tmp/sandbox; do echo s > $d/{tag}; done; ls /tmp/{tag}",
+              language="bash")
+    assert out["status"] == "Success"
+    assert not os.path.exists(f"/tmp/{tag}")  # the host's /tmp is not the sandbox's
+    healthy_and_clean(server, run)
+
+
+def test_network_has_no_route(server, run):
+    code = ("import os, socket, time\nprint(sorted(os.listdir('/sys/class/net')))\n"
+            "for host, port in [('203.0.113.1', 80), ('127.0.0.1', PORT)]:\n    t = time.monotonic()\n"
+            "    s = socket.socket()\n    s.settimeout(5)\n    try:\n        s.connect((host, port)); print('CONNECTED')\n"
+            "    except OSError as e:\n        print(host, type(e).__name__, round(time.monotonic() - t, 1))\n"
+            "try:\n    socket.getaddrinfo('example.com', 80); print('RESOLVED')\nexcept OSError as e:\n"
+            "    print('dns', type(e).__name__)").replace("PORT", str(server.port))
+    out = run(server, code)
+    lines = out["run_result"]["stdout"].splitlines()
+    assert lines[0] == "['lo']", out
+    assert lines[1].startswith("203.0.113.1 OSError 0.0")  # ENETUNREACH at once, nothing sent
+    assert lines[2] == "127.0.0.1 ConnectionRefusedError 0.0"  # the server's own port is not reachable
+    assert lines[3].startswith("dns ")
+
+
+def test_secrets_do_not_leak(server, run):
+    code = ("printenv; cat /proc/1/environ; for e in /proc/[0-9]*/environ; do cat $e; done;"
+            " ls -la /var/run/docker.sock /run/docker.sock; ls /root; true")
+    out = run(server, code, language="bash")
+    text = out["run_result"]["stdout"] + out["run_result"]["stderr"]
+    assert SECRET not in text and "VERL_SANDBOX_TEST_SECRET" not in text
+    assert "srw" not in out["run_result"]["stdout"]  # no docker socket
+    env = dict(line.split("=", 1) for line in out["run_result"]["stdout"].splitlines() if "=" in line[:40])
+    assert set(env) <= {"PATH", "HOME", "LANG", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD"}, env
+
+
+def test_cannot_snoop_other_runs(server, run):
+    secret = uuid.uuid4().hex
+    victim = f"import time\nkey = '{secret}'\ntime.sleep(3)"
+    spy = "import glob\nprint([open(p, 'rb').read() for p in glob.glob('/proc/[0-9]*/cmdline')])"
+    with ThreadPoolExecutor(2) as pool:
+        v = pool.submit(run, server, victim, stdin=secret)
+        time.sleep(0.5)
+        seen = run(server, spy)
+        v.result()
+    assert secret not in seen["run_result"]["stdout"] and seen["status"] == "Success"
+
+
+@pytest.mark.parametrize("field,path", [
+    ("files", "../escape.txt"), ("files", "/etc/escape.txt"), ("files", "a/../../escape.txt"),
+    ("fetch_files", "/etc/passwd"), ("fetch_files", "../../../etc/hostname"), ("fetch_files", "/proc/1/environ"),
+])
+def test_path_traversal_is_refused(server, run, field, path):
+    value = {path: base64.b64encode(b"x").decode()} if field == "files" else [path]
+    out = run(server, "print(1)", **{field: value})
+    assert out["status"] == "Failed" and path in out["message"] and out["files"] == {}
+
+
+def test_symlink_exfiltration_through_fetch_files(server, run):
+    code = "import os\nos.symlink('/etc/passwd', 'leak.txt')\nos.symlink('/etc', 'etcdir')"
+    out = run(server, code, fetch_files=["leak.txt", "etcdir/passwd"])
+    assert out["files"] == {} and "symlink" in out["message"]
+
+
+def test_no_privilege_escalation(server, run):
+    code = ("grep CapEff /proc/self/status; id -u; sudo id 2>&1 | head -1; su -c 'id -u' root </dev/null 2>&1 | head -1;"
+            " python3 -c 'import os; os.setuid(0)' 2>&1 | tail -1;"
+            " for f in $(find / -xdev -perm -4000 -type f 2>/dev/null); do $f --version >/dev/null 2>&1; done; id -u")
+    out = run(server, code, language="bash")
+    lines = out["run_result"]["stdout"].splitlines()
+    assert lines[0].split()[1] == "0000000000000000" and lines[1] != "0" and lines[-1] != "0"
+    assert "PermissionError" in out["run_result"]["stdout"]
+
+
+def test_killing_or_corrupting_the_runner(server, run):
+    code = ("import os, signal\nfor target in (1, -1):\n    try:\n        os.kill(target, signal.SIGKILL)\n"
+            "    except OSError as e:\n        print(type(e).__name__)\n"
+            "for path in ('/proc/1/fd/1', '/proc/1/mem'):\n    try:\n        open(path, 'wb').write(b'garbage')\n"
+            "    except OSError as e:\n        print(type(e).__name__)")
+    out = run(server, code)
+    assert out["status"] in ("Success", "Failed", "SandboxError")
+    healthy_and_clean(server, run)
+
+
+def test_many_parallel_runs_race(server, run):
+    code = "import sys, os\nn = sys.stdin.read()\nopen('mine.txt', 'w').write(n)\nprint(open('mine.txt').read())"
+    with ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(lambda i: run(server, code, stdin=str(i)), range(40)))
+    assert [o["run_result"]["stdout"] for o in outs] == [f"{i}\n" for i in range(40)]
+
+
+def test_zombies_are_reaped(server, run):
+    code = "import os\nfor _ in range(50):\n    if os.fork() == 0: os._exit(0)\nprint('made zombies')"
+    assert run(server, code)["status"] == "Success"
+    healthy_and_clean(server, run)
+
+
+@pytest.mark.parametrize("code", [
+    "fs = []\nwhile True: fs.append(open('/dev/null'))",
+    "import threading, time\nwhile True: threading.Thread(target=time.sleep, args=(30,), daemon=True).start()",
+])
+def test_fd_and_thread_exhaustion(server, run, code):
+    out = run(server, code, run_timeout=10)
+    assert out["status"] == "Failed"
+    healthy_and_clean(server, run)
+
+
+def test_huge_request_body_and_huge_stdin(server, run):
+    big = "x" * (9 << 20)  # over the test server's 8 MiB body limit
+    response = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "python", "stdin": big},
+                          timeout=30)
+    assert response.status_code == 413
+    out = run(server, "import sys\nprint(len(sys.stdin.read()))", stdin="y" * (5 << 20))
+    assert out["run_result"]["stdout"] == f"{5 << 20}\n"

@@ -1,0 +1,34 @@
+"""docs/extending.md is run as written: files are created from titled blocks, untitled Python blocks executed."""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from verl_agent.interactions import check_interaction
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
+BLOCK = re.compile(r"```(\w+)(?: title=\"([^\"]+)\")?\n(.*?)```", re.S)
+
+
+def test_every_snippet_runs(tmp_path, monkeypatch):
+    blocks = BLOCK.findall(DOC.read_text())
+    assert len(blocks) >= 8
+    monkeypatch.chdir(tmp_path)
+    namespaces = []
+    for lang, title, code in blocks:
+        if title:
+            (tmp_path / title).write_text(code)
+            if lang == "json":
+                json.loads(code)
+        elif lang == "python":
+            ns: dict = {"__name__": "doc_snippet"}
+            exec(compile(code, f"{DOC}:snippet", "exec"), ns)  # noqa: S102 - our own documentation
+            namespaces.append(ns)
+    row = json.loads((tmp_path / "row.json").read_text())
+    assert row["extra_info"]["interaction_kwargs"]["name"] == "word_game"
+    shout = next(ns["ShoutInteraction"] for ns in namespaces if "ShoutInteraction" in ns)
+    out = check_interaction(shout({"name": "shout"}), ["hello", "HELLO"], deterministic=True)
+    assert out["score"] == 1.0 and len(out["transcript"]) == 2
+    for name in [m for m in sys.modules if m.startswith("_verl_agent_user_")]:
+        del sys.modules[name]

@@ -1,0 +1,74 @@
+"""Trainer test fixtures: ONE Ray instance per session (a 2-node test cluster on this machine), calculator data.
+
+Ray starts in 5-15 s on 2 cores, so every trainer test shares it. The cluster has two "nodes"
+(ray.cluster_utils.Cluster) so the multi-node test needs no cluster of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "ray"))
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    cluster.wait_for_nodes()
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def calc_data(tmp_path_factory) -> tuple[Path, Path]:
+    from verl_agent.models.calculator_task import write_calculator_data
+
+    return write_calculator_data(tmp_path_factory.mktemp("calc"), n_train=256, n_test=32, seed=0)
+
+
+@pytest.fixture(scope="session")
+def calc_tools(tmp_path_factory) -> Path:
+    from verl_agent.models.calculator_task import CALCULATOR_TOOL_SCHEMA
+
+    path = tmp_path_factory.mktemp("tools") / "tools.yaml"
+    entry = {"class_name": "verl_agent.tools.calculator.CalculatorTool", "config": {}, "tool_schema": CALCULATOR_TOOL_SCHEMA}
+    path.write_text(yaml.safe_dump({"tools": [entry]}))
+    return path
+
+
+@pytest.fixture
+def make_cfg(tiny_model_path, calc_data, calc_tools, tmp_path):
+    """RunConfig for the calculator task on the tiny model with 2 CPU workers; extra overrides win."""
+    from verl_agent.config import load_config
+
+    def make(*overrides: str, run_dir: Path | None = None):
+        train, test = calc_data
+        base = [
+            f"data.train_files=[{train}]", f"data.val_files=[{test}]", "data.train_batch_size=4",
+            "data.max_response_length=96", "data.reward_fn=verl_agent.models.calculator_task.calculator_reward",
+            f"actor_rollout_ref.model.path={tiny_model_path}", "actor_rollout_ref.rollout.n=4",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={calc_tools}",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.optim.lr=1e-4", "trainer.num_cpu_workers=2", "trainer.logger=[console,tensorboard]",
+            f"trainer.default_local_dir={run_dir or tmp_path / 'run'}", "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+        ]
+        return load_config(None, base + list(overrides))
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def dev_model_path(tiny_model_path):
+    return tiny_model_path

@@ -1,0 +1,83 @@
+"""Synthetic calculator conversations for the tiny model's warm start, as (ids, loss mask).
+
+Two kinds are mixed: the assistant calls the calculator and copies its result
+("The answer is 449."), or it answers straight away from "mental math", which a
+model this small gets wrong on multi-digit problems. After SFT the policy calls
+the tool only part of the time, so RL has a clear signal: calling the tool
+raises the reward.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+from verl_agent.chat import ChatEncoder
+from verl_agent.models.calculator_task import (
+    CALCULATOR_TOOL_SCHEMA,
+    SYSTEM_PROMPT,
+    evaluate_expression,
+    format_number,
+)
+from verl_agent.protocol import Message, ToolCall
+
+__all__ = ["conversation", "encode_conversation", "tool_variants"]
+
+_DESCRIPTIONS = [
+    "Evaluate an arithmetic expression and return the result.",
+    "A calculator. Returns the value of a math expression.",
+    "Compute the numeric value of an expression with + - * / and parentheses.",
+    "Calculator tool.",
+]
+_ARG_DESCRIPTIONS = [None, "The expression, e.g. 37 * 12 + 5", "Arithmetic expression to evaluate.", "Math expression"]
+_SYSTEMS = [None, None, SYSTEM_PROMPT, "You are a helpful assistant."]
+
+
+def tool_variants() -> list[list[dict[str, Any]]]:
+    """Calculator schemas with different descriptions, so the model does not depend on one wording."""
+    out = []
+    for d in _DESCRIPTIONS:
+        for a in _ARG_DESCRIPTIONS:
+            schema = copy.deepcopy(CALCULATOR_TOOL_SCHEMA)
+            schema["function"]["description"] = d
+            prop = schema["function"]["parameters"]["properties"]["expression"]
+            prop.pop("description", None)
+            if a is not None:
+                prop["description"] = a
+            out.append([schema])
+    return [[CALCULATOR_TOOL_SCHEMA], *out]
+
+
+def conversation(problem: dict[str, Any], use_tool: bool, rng: random.Random) -> list[Message]:
+    """One chat: [system] user question, then either tool call + result + answer, or a direct answer."""
+    system = rng.choice(_SYSTEMS)
+    msgs = [Message("system", system)] if system else []
+    msgs.append(Message("user", problem["prompt"]))
+    if use_tool:
+        result = format_number(evaluate_expression(problem["expression"]))
+        call = ToolCall(name="calculator", arguments={"expression": problem["expression"]})
+        msgs += [Message("assistant", "", [call]), Message("tool", result, name="calculator")]
+    msgs.append(Message("assistant", f"The answer is {problem['answer']}."))
+    return msgs
+
+
+def encode_conversation(enc: ChatEncoder, msgs: list[Message]) -> tuple[list[int], list[int]]:
+    """Ids and loss mask (1 on assistant tokens) built exactly as the agent loop builds them."""
+    first = next(i for i, m in enumerate(msgs) if m.role == "assistant")
+    ids = enc.encode_prompt(msgs[:first])
+    mask = [0] * len(ids)
+    i = first
+    while i < len(msgs):
+        gen = enc.encode_assistant(msgs[:i], msgs[i])
+        ids += gen
+        mask += [1] * len(gen)
+        j = i + 1
+        while j < len(msgs) and msgs[j].role != "assistant":
+            j += 1
+        if j > i + 1:
+            obs = enc.encode_observation(msgs[: i + 1], msgs[i + 1 : j])
+            ids += obs
+            mask += [0] * len(obs)
+        i = j
+    return ids, mask

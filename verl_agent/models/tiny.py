@@ -1,0 +1,151 @@
+"""`verl-agent model build-tiny`: the embedded tiny tool-calling model, built locally, no downloads.
+
+Recipe: train a byte-level BPE tokenizer on synthetic calculator chats, create a
+small Qwen2 causal LM, warm-start it by supervised training on those chats
+(some call the calculator, some answer from "mental math"), evaluate it by real
+generation, and save it with `save_pretrained`. The result is cached under
+$VERL_AGENT_CACHE (default ~/.cache/verl_agent) in a folder keyed by a hash of
+the recipe, so a changed recipe rebuilds. Builds are atomic (temp dir +
+rename) and serialised by a file lock, so concurrent test sessions share one
+build and a killed build never looks cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TinySettings", "add_cli", "build_tiny", "cache_root", "run_cli"]
+
+log = logging.getLogger(__name__)
+INFO_FILE = "build_info.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class TinySettings:
+    """Everything that determines the built model; its hash names the cache folder."""
+
+    recipe_version: int = 1
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    n_train_problems: int = 4000
+    tool_fraction: float = 0.5  # share of SFT chats that call the calculator
+    steps: int = 600
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    n_eval_problems: int = 64
+    eval_temperature: float = 1.0  # rates are measured as RL samples: temperature 1
+
+    def key(self, seed: int) -> str:
+        blob = json.dumps({**dataclasses.asdict(self), "seed": seed}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("VERL_AGENT_CACHE") or Path.home() / ".cache" / "verl_agent")
+
+
+def build_tiny(out_dir: str | Path | None = None, seed: int = 0, force: bool = False,
+               settings: TinySettings | None = None) -> Path:
+    """Build (or reuse) the tiny model; returns a folder `from_pretrained` can load."""
+    settings = settings or TinySettings()
+    target = Path(out_dir) if out_dir is not None else cache_root() / f"tiny-{settings.key(seed)}"
+    if (target / INFO_FILE).exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same model: wait for it
+        if (target / INFO_FILE).exists() and not force:
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            _build_into(tmp, seed, settings)
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _build_into(out: Path, seed: int, s: TinySettings) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl_agent.models.calculator_task import make_problems
+    from verl_agent.models.evaluate import evaluate_rates
+    from verl_agent.models.sft_train import make_dataset, train
+
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    tokenizer, data = make_dataset(make_problems(s.n_train_problems, seed=seed, split="train"), s, seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,
+        max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=10000.0,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(config)
+    train(model, data, s, seed)
+    rates = evaluate_rates(model, tokenizer, make_problems(s.n_eval_problems, seed=seed + 1, split="test"),
+                           temperature=s.eval_temperature, seed=seed)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    info = {"settings": dataclasses.asdict(s), "seed": seed, "tool_call_rate": rates.tool_call_rate,
+            "success_rate": rates.success_rate, "n_eval": rates.n, "eval_temperature": s.eval_temperature,
+            "num_parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer),
+            "build_seconds": round(time.perf_counter() - t0, 1)}
+    (out / INFO_FILE).write_text(json.dumps(info, indent=2))  # written last: its presence means "complete"
+    log.info("tiny model built in %.0f s: tool-call rate %.2f, success rate %.2f",
+             info["build_seconds"], rates.tool_call_rate, rates.success_rate)
+
+
+def build_info(path: str | Path) -> dict[str, Any]:
+    """The builder's record (settings, rates, timing) of a built model folder."""
+    return json.loads((Path(path) / INFO_FILE).read_text())
+
+
+def add_cli(subparsers: Any) -> None:
+    """Register `model build-tiny` under a `model` subcommand's subparsers."""
+    p = subparsers.add_parser("build-tiny", help="build the embedded tiny tool-calling model (no downloads)")
+    p.add_argument("--out", default=None, help="output folder (default: the cache, $VERL_AGENT_CACHE)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.set_defaults(func=run_cli)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    path = build_tiny(args.out, seed=args.seed, force=args.force)
+    info = build_info(path)
+    print(f"tiny model: {path}")
+    print(f"held-out tool-call rate: {info['tool_call_rate']:.2f}  success rate: {info['success_rate']:.2f}  "
+          f"(n={info['n_eval']}, temperature {info['eval_temperature']}, built in {info['build_seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":  # python -m verl_agent.models.tiny
+    logging.basicConfig(level=logging.INFO)
+    _p = argparse.ArgumentParser(prog="build-tiny")
+    add_cli(_p.add_subparsers(dest="cmd", required=True))
+    _a = _p.parse_args(["build-tiny", *sys.argv[1:]])
+    raise SystemExit(_a.func(_a))

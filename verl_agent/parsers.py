@@ -1,0 +1,231 @@
+"""Tool-call parsers: the model's text -> content + tool calls, keeping what could not be parsed.
+
+Formats:
+- ``hermes`` (Hermes, Qwen2.5, Qwen3): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
+  any number per turn, text around them is the content.
+- ``llama3_json`` (Llama 3.1/3.2/3.3): the message is one or more JSON objects
+  ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``, separated by ``;``).
+- ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` and the newer
+  ``[TOOL_CALLS]name[ARGS]{...}`` form.
+
+Malformed calls (unclosed tag, bad or partial JSON, missing name, non-object
+arguments) never vanish: each becomes an entry in `ParseResult.errors` that
+quotes the raw text, so the agent loop can show the model an error message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from verl_agent.protocol import ToolCall
+
+__all__ = ["FORMATS", "ParseResult", "ToolCallParser", "detect_format", "get_parser"]
+
+# End-of-turn markers a decoder may leave at the end of the text; they are not content.
+_TRAILING_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "</s>", "<|end|>")
+_MAX_QUOTE = 300
+
+
+@dataclass
+class ParseResult:
+    """`content`: text without the tool calls; `errors`: one message per malformed call, quoting its raw text."""
+
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class ToolCallParser(Protocol):
+    name: str
+
+    def parse(self, text: str) -> ParseResult: ...
+
+
+def _quote(raw: str) -> str:
+    return repr(raw if len(raw) <= _MAX_QUOTE else raw[:_MAX_QUOTE] + "...")
+
+
+def _strip_markers(text: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        stripped = text.rstrip()
+        for m in _TRAILING_MARKERS:
+            if stripped.endswith(m):
+                text, changed = stripped[: -len(m)], True
+    return text
+
+
+def _call_from_obj(obj: Any, raw: str, where: str, arg_keys: tuple[str, ...]) -> ToolCall | str:
+    """A ToolCall from a decoded JSON object, or an error message quoting `raw`."""
+    if not isinstance(obj, dict):
+        return f"{where}: expected a JSON object with 'name', got {type(obj).__name__}: {_quote(raw)}"
+    if isinstance(obj.get("function"), dict):  # OpenAI-style {"type": "function", "function": {...}}
+        obj = {**obj["function"], "id": obj.get("id", "")}
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return f"{where}: missing or non-string 'name': {_quote(raw)}"
+    args: Any = next((obj[k] for k in arg_keys if k in obj), {})
+    if isinstance(args, str):  # some models emit the arguments as a JSON string
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            return f"{where}: arguments of {name!r} are a string that is not valid JSON ({e.msg}): {_quote(raw)}"
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return f"{where}: arguments of {name!r} must be a JSON object, got {type(args).__name__}: {_quote(raw)}"
+    return ToolCall(name=name, arguments=args, id=str(obj.get("id") or ""))
+
+
+def _add(result: ParseResult, call: ToolCall | str) -> None:
+    if isinstance(call, ToolCall):
+        result.tool_calls.append(call)
+    else:
+        result.errors.append(call)
+
+
+class HermesParser:
+    """``<tool_call>{json}</tool_call>`` blocks (Hermes / Qwen2.5 / Qwen3)."""
+
+    name = "hermes"
+    _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str) -> ParseResult:
+        text = _strip_markers(text)
+        result = ParseResult(content="")
+        pieces: list[str] = []
+        pos = 0
+        for i, m in enumerate(self._block.finditer(text)):
+            pieces.append(text[pos : m.start()])
+            pos = m.end()
+            body = m.group(1).strip()
+            try:
+                obj = json.loads(body)
+            except json.JSONDecodeError as e:
+                result.errors.append(f"tool_call {i}: invalid JSON ({e.msg} at char {e.pos}): {_quote(body)}")
+                continue
+            _add(result, _call_from_obj(obj, body, f"tool_call {i}", ("arguments", "parameters")))
+        tail = text[pos:]
+        start = tail.find("<tool_call>")
+        if start >= 0:  # opened but never closed: usually cut off by the length limit
+            result.errors.append(f"unclosed <tool_call> (no </tool_call>): {_quote(tail[start:])}")
+            tail = tail[:start]
+        pieces.append(tail)
+        result.content = "\n".join(p.strip() for p in pieces if p.strip())
+        return result
+
+
+def _decode_objects(text: str) -> tuple[list[tuple[Any, str]], str]:
+    """Consecutive JSON values separated by whitespace / ';' / ','; returns them and the unparsed rest."""
+    decoder = json.JSONDecoder()
+    out: list[tuple[Any, str]] = []
+    pos = 0
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n;,":
+            pos += 1
+        if pos >= len(text):
+            return out, ""
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return out, text[pos:]
+        out.append((obj, text[pos:end]))
+        pos = end
+
+
+class Llama3JsonParser:
+    """Llama 3.x JSON tool calls: the whole message is ``{"name": ..., "parameters": {...}}`` (maybe several)."""
+
+    name = "llama3_json"
+
+    def parse(self, text: str) -> ParseResult:
+        text = _strip_markers(text)
+        body = text.strip()
+        tagged = body.startswith("<|python_tag|>")
+        if tagged:
+            body = body[len("<|python_tag|>") :].lstrip()
+        if not body.startswith("{"):
+            return ParseResult(content=text.strip())
+        objs, rest = _decode_objects(body)
+        result = ParseResult(content="")
+        if not objs or not (isinstance(objs[0][0], dict) and ("name" in objs[0][0] or "function" in objs[0][0])):
+            if tagged or not objs:  # tagged means the model meant a call; untagged bad JSON may be plain text
+                result.errors.append(f"tool call: invalid or partial JSON: {_quote(body)}")
+                return result
+            return ParseResult(content=text.strip())
+        for i, (obj, raw) in enumerate(objs):
+            _add(result, _call_from_obj(obj, raw, f"tool call {i}", ("parameters", "arguments")))
+        if rest.strip():
+            result.errors.append(f"tool call {len(objs)}: invalid or partial JSON: {_quote(rest.strip())}")
+        return result
+
+
+class MistralParser:
+    """``[TOOL_CALLS][{...}, ...]`` (v3) and ``[TOOL_CALLS]name[ARGS]{...}`` (v11+)."""
+
+    name = "mistral"
+    _tag = "[TOOL_CALLS]"
+
+    def parse(self, text: str) -> ParseResult:
+        text = _strip_markers(text)
+        if self._tag not in text:
+            return ParseResult(content=text.strip())
+        head, *chunks = text.split(self._tag)
+        result = ParseResult(content=head.strip())
+        for chunk in chunks:
+            body = chunk.strip()
+            if "[ARGS]" in body and not body.startswith(("[", "{")):
+                self._parse_args_form(body, result)
+            else:
+                self._parse_json_form(body, result)
+        return result
+
+    def _parse_json_form(self, body: str, result: ParseResult) -> None:
+        objs, rest = _decode_objects(body)
+        k = len(result.tool_calls) + len(result.errors)
+        for obj, raw in objs:
+            for item in obj if isinstance(obj, list) else [obj]:
+                _add(result, _call_from_obj(item, raw, f"tool call {k}", ("arguments", "parameters")))
+                k += 1
+        if rest.strip() or not objs:
+            result.errors.append(f"tool call {k}: invalid or partial JSON after [TOOL_CALLS]: {_quote(rest or body)}")
+
+    def _parse_args_form(self, body: str, result: ParseResult) -> None:
+        k = len(result.tool_calls) + len(result.errors)
+        name, _, args_text = body.partition("[ARGS]")
+        objs, rest = _decode_objects(args_text)
+        if len(objs) != 1 or rest.strip():
+            result.errors.append(f"tool call {k}: invalid or partial JSON arguments for {name.strip()!r}: {_quote(body)}")
+            return
+        _add(result, _call_from_obj({"name": name.strip(), "arguments": objs[0][0]}, body, f"tool call {k}", ("arguments",)))
+
+
+_PARSERS: dict[str, type] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser}
+_ALIASES = {"qwen": "hermes", "qwen2_5": "hermes", "qwen25": "hermes", "qwen3": "hermes", "llama3": "llama3_json"}
+FORMATS = tuple(_PARSERS)
+
+
+def detect_format(tokenizer: Any) -> str:
+    """Guess the format from the tokenizer's vocabulary; 'hermes' when nothing tells."""
+    vocab = tokenizer.get_vocab() if tokenizer is not None else {}
+    if "<tool_call>" in vocab:
+        return "hermes"
+    if "[TOOL_CALLS]" in vocab:
+        return "mistral"
+    if "<|python_tag|>" in vocab or "<|eot_id|>" in vocab:
+        return "llama3_json"
+    return "hermes"
+
+
+def get_parser(format: str | None = None, tokenizer: Any = None) -> ToolCallParser:
+    """Parser for `format` ('hermes' | 'llama3_json' | 'mistral'; None = detect from `tokenizer`)."""
+    if format is None:
+        format = detect_format(tokenizer)
+    key = _ALIASES.get(format, format)
+    if key not in _PARSERS:
+        raise ValueError(f"unknown tool-call format {format!r}; choose one of {sorted(FORMATS)} (or None to detect)")
+    return _PARSERS[key]()

@@ -1,0 +1,267 @@
+"""The multi-turn agent loop: one asyncio task per trajectory, token ids as the source of truth.
+
+Per trajectory: encode the prompt once; then repeat
+  generate -> append the generated ids verbatim (loss mask 1, rollout log-probs kept)
+  -> parse tool calls -> run them (up to max_parallel_calls at once) or ask the interaction
+  -> append the token-exact observation ids from `ChatEncoder.encode_observation` (mask 0)
+until a stop condition. Nothing is re-tokenized. Trajectories never wait for each
+other except inside the engine's batches, so a slow tool blocks only its own trajectory.
+
+Stop reasons (protocol.StopReason): end_of_turn, interaction_done, max_assistant_turns,
+max_user_turns, response_budget (data.max_response_length counted over all turns,
+observations included; an observation that does not fit is not appended), engine_length,
+error (Trajectory.error says what; other trajectories are unaffected).
+
+Reward: interaction.calculate_score if an interaction is attached, else reward_fn, else the
+tools' calc_reward. Tool `release` and interaction `finalize_interaction` always run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from verl_agent.protocol import Message, RolloutBatch, Sample, Trajectory, Turn
+from verl_agent.rollout.engine import Engine, SamplingParams
+from verl_agent.rollout.observations import run_tool_calls
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AgentLoop"]
+
+
+class _Stop(Exception):
+    """Ends a trajectory with a stop reason (control flow inside `_Episode`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Episode:
+    """Mutable state of one trajectory while it runs."""
+
+    traj: Trajectory
+    messages: list[Message]
+    encoder: Any
+    session: Any = None
+    interaction: Any = None  # an InteractionSession (started; finalized by the exit stack)
+    assistant_turns: int = 0
+    user_turns: int = 0
+    last_text: str = ""
+    pending: Any = None  # ParseResult of the last assistant turn (None without tools)
+    counts: dict[str, float] = field(default_factory=lambda: {"tool_calls": 0, "tool_errors": 0})
+
+
+class AgentLoop:
+    """Runs multi-turn rollouts of `samples` on `engine`; see the module docstring."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        rollout_cfg: Any,
+        tools: dict[str, Any] | None = None,
+        interactions: dict[str, Any] | None = None,
+        reward_fn: Any = None,
+        max_prompt_length: int = 512,
+        max_response_length: int = 256,
+    ) -> None:
+        from verl_agent.parsers import get_parser
+
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.cfg = rollout_cfg
+        self.mt = rollout_cfg.multi_turn
+        self.tools = dict(tools or {}) if self.mt.enable else {}
+        self.interactions = dict(interactions or {})
+        self.reward_fn = reward_fn
+        self.max_prompt_length = max_prompt_length
+        self.max_response_length = max_response_length
+        self.parser = get_parser(self.mt.format, tokenizer) if self.tools else None
+        self.policy_version = 0
+
+    async def run(self, samples: list[Sample], n: int, sampling: SamplingParams) -> RolloutBatch:
+        """n trajectories per sample (GRPO groups share the sample uid), all concurrently, in sample order."""
+        if n < 1:
+            raise ValueError(f"AgentLoop.run: n must be >= 1, got {n}")
+        jobs = []
+        for i, sample in enumerate(samples):
+            for k in range(n):
+                sp = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i * n + k)
+                jobs.append(self.run_one(sample, sp))
+        return RolloutBatch(trajectories=list(await asyncio.gather(*jobs)))
+
+    async def run_one(self, sample: Sample, sampling: SamplingParams) -> Trajectory:
+        """One trajectory; never raises for a failure of the model, a tool or an interaction."""
+        traj = Trajectory(uid=sample.uid, prompt_ids=[], response_ids=[], loss_mask=[], rollout_logprobs=[])
+        traj.data_source, traj.policy_version = sample.data_source, self.policy_version
+        start = time.perf_counter()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                ep = await self._start(sample, traj, stack)
+                try:
+                    await self._turns(ep, sampling)
+                except _Stop as stop:
+                    traj.stop_reason = stop.reason  # type: ignore[assignment]
+                traj.reward = await self._reward(ep, sample)
+        except Exception as e:  # one failing trajectory never kills the others
+            logger.warning("trajectory %s failed: %r", sample.uid, e, exc_info=True)
+            traj.stop_reason, traj.error = "error", f"{type(e).__name__}: {e}"
+        traj.metrics["seconds"] = time.perf_counter() - start
+        traj.check()
+        return traj
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    async def _start(self, sample: Sample, traj: Trajectory, stack: contextlib.AsyncExitStack) -> _Episode:
+        from verl_agent.chat import ChatEncoder
+        from verl_agent.tools import ToolSession
+
+        session = None
+        if self.tools:
+            session = ToolSession(self.tools, sample.tools_kwargs, timeout=self.mt.tool_timeout)
+            await stack.enter_async_context(session)
+        encoder = ChatEncoder(self.tokenizer, tools=session.schemas() if session else None)
+        ep = _Episode(traj=traj, messages=list(sample.messages), encoder=encoder, session=session)
+        traj.messages = ep.messages
+        await self._start_interaction(ep, sample, stack)
+        traj.prompt_ids = list(encoder.encode_prompt(ep.messages))
+        if len(traj.prompt_ids) > self.max_prompt_length:
+            raise ValueError(f"prompt has {len(traj.prompt_ids)} tokens > data.max_prompt_length={self.max_prompt_length}")
+        return ep
+
+    async def _start_interaction(self, ep: _Episode, sample: Sample, stack: contextlib.AsyncExitStack) -> None:
+        """Attach the interaction named by interaction_kwargs["name"] (or the only one configured)."""
+        from verl_agent.interactions.base import InteractionSession
+        from verl_agent.interactions.registry import select_interaction
+
+        interaction = select_interaction(self.interactions, sample.interaction_kwargs)
+        if interaction is None:
+            return
+        ep.interaction = await stack.enter_async_context(InteractionSession(interaction, sample.interaction_kwargs))
+        first = await ep.interaction.initial_observation()
+        if first:
+            ep.messages.append(Message(role="user", content=str(first)))
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    async def _turns(self, ep: _Episode, sampling: SamplingParams) -> None:
+        traj = ep.traj
+        stop_ids = sorted(set(sampling.stop_token_ids) | set(ep.encoder.eos_token_ids))
+        max_turns = self.mt.max_assistant_turns if self.mt.enable else 1
+        while True:
+            budget = self.max_response_length - len(traj.response_ids)
+            if budget <= 0:
+                raise _Stop("response_budget")
+            sp = replace(sampling, max_new_tokens=min(sampling.max_new_tokens, budget), stop_token_ids=stop_ids)
+            turn = await self._generate(ep, sp)
+            if max_turns is not None and ep.assistant_turns >= max_turns and self._wants_more(ep):
+                raise _Stop("max_assistant_turns")
+            new = await self._observe(ep, turn)
+            obs = self._encode_observation(ep, new)
+            if len(obs) >= self.max_response_length - len(traj.response_ids):
+                raise _Stop("response_budget")  # never cut an observation; leave room for a reply
+            ep.messages.extend(new)
+            traj.response_ids += obs
+            traj.loss_mask += [0] * len(obs)
+            traj.rollout_logprobs += [0.0] * len(obs)
+            turn.obs_end = len(traj.response_ids)
+
+    def _encode_observation(self, ep: _Episode, new: list[Message]) -> list[int]:
+        """Observation ids after the last assistant turn.
+
+        The parsed assistant message normally renders exactly as generated; when it does not
+        (e.g. an unparsable call left no content), the raw generated text stands in for it:
+        only the text after its end-of-turn token is used, so either gives the same ids.
+        """
+        from verl_agent.chat import ChatTemplateError
+
+        try:
+            return list(ep.encoder.encode_observation(ep.messages, new))
+        except ChatTemplateError:
+            raw = [*ep.messages[:-1], Message(role="assistant", content=ep.last_text)]
+            return list(ep.encoder.encode_observation(raw, new))
+
+    async def _generate(self, ep: _Episode, sp: SamplingParams) -> Turn:
+        traj = ep.traj
+        t0 = time.perf_counter()
+        out = await self.engine.generate(traj.prompt_ids + traj.response_ids, sp)
+        start = len(traj.response_ids)
+        traj.response_ids += out.token_ids
+        traj.loss_mask += [1] * len(out.token_ids)
+        traj.rollout_logprobs += [float(x) for x in out.logprobs]
+        turn = Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids))
+        turn.gen_seconds = time.perf_counter() - t0
+        traj.turns.append(turn)
+        ep.assistant_turns += 1
+        ep.last_text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        if out.finish_reason == "abort":
+            raise RuntimeError("the engine aborted the request")
+        parsed = self.parser.parse(ep.last_text) if self.parser else None
+        content = parsed.content if parsed else ep.last_text
+        ep.messages.append(Message(role="assistant", content=content, tool_calls=parsed.tool_calls if parsed else []))
+        ep.pending = parsed
+        if out.finish_reason == "length":
+            at_budget = len(out.token_ids) >= self.max_response_length - start
+            raise _Stop("response_budget" if at_budget else "engine_length")
+        return turn
+
+    def _wants_more(self, ep: _Episode) -> bool:
+        parsed = ep.pending
+        return bool(parsed and (parsed.tool_calls or parsed.errors)) or ep.interaction is not None
+
+    async def _observe(self, ep: _Episode, turn: Turn) -> list[Message]:
+        """The next observation: tool results, or the interaction's reply; raises _Stop when there is none."""
+        parsed = ep.pending
+        if parsed is not None and (parsed.tool_calls or parsed.errors):
+            res = await run_tool_calls(
+                ep.session, parsed.tool_calls, parsed.errors, max_parallel_calls=self.mt.max_parallel_calls,
+                max_chars=self.mt.max_tool_response_length, truncate_side=self.mt.tool_response_truncate_side,
+            )  # fmt: skip
+            turn.num_tool_calls, turn.score, turn.tool_seconds = res.num_calls, res.reward, res.seconds
+            ep.counts["tool_calls"] += res.num_calls
+            ep.counts["tool_errors"] += res.num_errors
+            return res.messages
+        if ep.interaction is None:
+            raise _Stop("end_of_turn")
+        if self.mt.max_user_turns is not None and ep.user_turns >= self.mt.max_user_turns:
+            raise _Stop("max_user_turns")
+        t0 = time.perf_counter()
+        done, reply, score, _info = await ep.interaction.respond(ep.messages)
+        turn.score, turn.tool_seconds = float(score), time.perf_counter() - t0
+        if ep.interaction.error:
+            raise RuntimeError(f"interaction failed: {ep.interaction.error}")
+        if done:
+            raise _Stop("interaction_done")
+        ep.user_turns += 1
+        return [Message(role="user", content=str(reply))]
+
+    # -- reward --------------------------------------------------------------------------------
+
+    async def _reward(self, ep: _Episode, sample: Sample) -> float:
+        traj = ep.traj
+        traj.metrics.update(
+            num_turns=float(ep.assistant_turns), num_user_turns=float(ep.user_turns),
+            num_tool_calls=ep.counts["tool_calls"], num_tool_errors=ep.counts["tool_errors"],
+            response_length=float(len(traj.response_ids)), num_model_tokens=float(traj.num_model_tokens),
+        )  # fmt: skip
+        if ep.interaction is not None:
+            return float(await ep.interaction.score())
+        if self.reward_fn is not None:
+            res = await asyncio.to_thread(
+                self.reward_fn, data_source=sample.data_source, solution_str=ep.last_text,
+                ground_truth=sample.ground_truth, extra_info=dict(sample.extra_info),
+            )  # fmt: skip
+            if getattr(res, "error", None):
+                traj.metrics["reward_error"] = 1.0
+                logger.warning("reward function failed for %s: %s", sample.uid, res.error)
+            return float(getattr(res, "score", res))
+        if ep.session is not None:
+            return float(await ep.session.calc_reward())
+        return 0.0

@@ -1,0 +1,89 @@
+"""Sandbox Fusion's HTTP API as pydantic models (field names and defaults match Sandbox Fusion's).
+
+Our one extension is ``session_id`` on ``/run_code`` (see ``verl_agent.sandbox`` docs): calls that
+share it run in one live Python interpreter until ``POST /close_session`` or the idle timeout.
+Unknown fields are ignored, as Sandbox Fusion does; a missing or mistyped field is a 422 naming it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "CellRunResult", "CloseSessionRequest", "CommandRunResult", "CommandRunStatus", "RunCodeRequest",
+    "RunCodeResponse", "RunJupyterRequest", "RunJupyterResponse", "RunStatus",
+]
+
+
+class RunStatus(str, Enum):
+    """Overall status: ``Failed`` = a step failed or timed out; ``SandboxError`` = our side failed."""
+
+    Success = "Success"
+    Failed = "Failed"
+    SandboxError = "SandboxError"
+
+
+class CommandRunStatus(str, Enum):
+    Finished = "Finished"
+    TimeLimitExceeded = "TimeLimitExceeded"
+    Error = "Error"
+
+
+class CommandRunResult(BaseModel):
+    status: CommandRunStatus
+    execution_time: float | None = None
+    return_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+class RunCodeRequest(BaseModel):
+    code: str = Field(..., description="the code to run")
+    language: str = Field(..., description="python, bash, cpp, nodejs, ...")
+    compile_timeout: float = Field(10, gt=0, le=600)
+    run_timeout: float = Field(10, gt=0, le=600)
+    memory_limit_MB: int = Field(-1, description="-1: the server's default limit")
+    stdin: str | None = None
+    files: dict[str, str | None] = Field(default_factory=dict, description="path -> base64 content")
+    fetch_files: list[str] = Field(default_factory=list)
+    session_id: str | None = Field(None, max_length=128, description="extension: keep one interpreter alive")
+
+
+class RunCodeResponse(BaseModel):
+    status: RunStatus
+    message: str = ""
+    compile_result: CommandRunResult | None = None
+    run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+class RunJupyterRequest(BaseModel):
+    cells: list[str]
+    cell_timeout: float = Field(0, ge=0, le=600, description="0: only total_timeout applies")
+    total_timeout: float = Field(45, gt=0, le=600)
+    kernel: str = "python3"
+    files: dict[str, str | None] = Field(default_factory=dict)
+    fetch_files: list[str] = Field(default_factory=list)
+
+
+class CellRunResult(BaseModel):
+    stdout: str
+    stderr: str
+    display: list[dict] = Field(default_factory=list)
+    error: list[dict] = Field(default_factory=list)
+
+
+class RunJupyterResponse(BaseModel):
+    status: RunStatus
+    message: str = ""
+    driver: CommandRunResult | None = None
+    cells: list[CellRunResult] = Field(default_factory=list)
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+class CloseSessionRequest(BaseModel):
+    session_id: str

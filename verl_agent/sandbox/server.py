@@ -1,0 +1,104 @@
+"""FastAPI server speaking Sandbox Fusion's HTTP API (plus ``/close_session`` and ``/v1/health``).
+
+Status codes: 200 for every run that reached a decision (``Success``/``Failed``/``SandboxError`` in
+the body, as Sandbox Fusion does), 422 for a malformed request (FastAPI names the field), 413 for a
+body over ``max_body_bytes``, 503 + ``Retry-After`` when overloaded (clients retry).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from verl_agent.sandbox.api import (
+    CloseSessionRequest, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse,
+)
+from verl_agent.sandbox.service import Overloaded, SandboxService
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BodyLimit", "create_app"]
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over ``max_bytes`` (413) before they are buffered whole."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send) -> None:
+        body = b'{"status":"SandboxError","message":"request body too large (max %d bytes)"}' % self.max_bytes
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(service: SandboxService, max_body_bytes: int = 64 << 20) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = FastAPI(title="verl-agent sandbox (Sandbox Fusion API)", lifespan=lifespan)
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(_req: Request, exc: Overloaded) -> JSONResponse:
+        return JSONResponse({"status": "SandboxError", "message": f"overloaded: {exc}"}, status_code=503,
+                            headers={"Retry-After": "1"})
+
+    @app.get("/v1/ping")
+    async def ping() -> str:
+        return "pong"
+
+    @app.get("/v1/health")
+    async def health() -> dict:
+        return {"backend": service.backend.name, "idle_workers": service.pool.idle(),
+                "pool_size": service.settings.pool_size, "sessions": len(service.sessions),
+                "recycled": service.pool.recycled, "stats": service.stats,
+                "guarantees": service.backend.guarantees(), "languages": sorted(service.languages)}
+
+    @app.post("/run_code", response_model=RunCodeResponse, response_model_exclude_none=False)
+    async def run_code(req: RunCodeRequest) -> RunCodeResponse:
+        return await service.run_code(req)
+
+    @app.post("/run_jupyter", response_model=RunJupyterResponse)
+    async def run_jupyter(req: RunJupyterRequest) -> RunJupyterResponse:
+        return await service.run_jupyter(req)
+
+    @app.post("/close_session")
+    async def close_session(req: CloseSessionRequest) -> dict:
+        return {"closed": await service.sessions.close(req.session_id)}
+
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    return app

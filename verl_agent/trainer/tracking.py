@@ -1,0 +1,88 @@
+"""Step metrics: a JSONL file and TensorBoard scalars in the run dir, and one console line per step.
+
+Console line (the figures a person watches): reward mean, success rate, KL,
+entropy, response length, turns, and where the step's time went (rollout,
+tools, reward, log-probs, update, weight sync). Tool and reward seconds are
+summed over a rank's concurrent trajectories (max over ranks), so they overlap
+the rollout time rather than add to it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Tracker", "timer", "console_line"]
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def timer(name: str, timings: dict[str, float]) -> Iterator[None]:
+    """Add the seconds spent in the block to timings['time/<name>']."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[f"time/{name}"] = timings.get(f"time/{name}", 0.0) + time.perf_counter() - t0
+
+
+_CONSOLE = [("reward", "rollout/reward/mean", ".3f"), ("success", "rollout/success_rate", ".2f"),
+            ("kl", "actor/kl", ".4f"), ("entropy", "actor/entropy", ".3f"),
+            ("resp_len", "rollout/response_length/mean", ".1f"), ("turns", "rollout/num_turns/mean", ".2f")]
+_TIMES = ["rollout", "tools", "reward", "log_probs", "update", "weight_sync", "step"]
+
+
+def console_line(step: int, m: dict[str, float]) -> str:
+    parts = [f"step {step}"] + [f"{label} {m[key]:{fmt}}" for label, key, fmt in _CONSOLE if key in m]
+    if "val/success_rate" in m:
+        parts.append(f"val_success {m['val/success_rate']:.2f}")
+    times = " ".join(f"{k} {m[f'time/{k}']:.1f}s" for k in _TIMES if f"time/{k}" in m)
+    return " | ".join(parts) + (f" | time: {times}" if times else "")
+
+
+class Tracker:
+    """Writes metrics to <run_dir>/metrics.jsonl (always) and TensorBoard (if 'tensorboard' in loggers)."""
+
+    def __init__(self, run_dir: Path, loggers: list[str], append: bool = False) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.console = "console" in loggers
+        self.tb = None
+        if "tensorboard" in loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb_dir = run_dir / "tensorboard"
+            self.tb = SummaryWriter(str(self.tb_dir))
+        unknown = set(loggers) - {"console", "tensorboard"}
+        if unknown:
+            logger.warning("trainer.logger: ignoring unsupported loggers %s (supported: console, tensorboard)", sorted(unknown))
+        if not append and self.path.exists():
+            self.path.unlink()
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: drop lines of steps after the checkpoint (they will be recomputed)."""
+        if not self.path.exists():
+            return
+        keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln).get("step", 0) <= step]
+        self.path.write_text("".join(ln + "\n" for ln in keep))
+
+    def log(self, step: int, metrics: dict[str, Any], write=print) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **clean}) + "\n")
+        if self.tb is not None:
+            for k, v in clean.items():
+                self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+        if self.console:
+            write(console_line(step, clean))
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
