@@ -31,6 +31,10 @@ def loop(tok, engine, cfg, tools=None, interactions=None, reward=None, max_respo
                      max_prompt_length=400, max_response_length=max_response_length)  # fmt: skip
 
 
+async def one(agent_loop, s=None):
+    return (await agent_loop.run([s or sample()], 1, SP)).trajectories[0]
+
+
 async def test_tool_call_then_answer_is_token_exact(chat_tokenizer, rollout_cfg):
     tok = chat_tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -79,7 +83,7 @@ async def test_tool_response_truncated(chat_tokenizer, rollout_cfg, side):
     rollout_cfg.multi_turn.max_tool_response_length = 40
     rollout_cfg.multi_turn.tool_response_truncate_side = side
     tools = {"echo": CountingTool(text_len=1000)}
-    traj = (await loop(tok, engine, rollout_cfg, tools, max_response_length=2000).run([sample()], 1, SP)).trajectories[0]
+    traj = await one(loop(tok, engine, rollout_cfg, tools, max_response_length=2000))
     content = traj.messages[2].content
     assert len(content) == 40 and "(truncated)" in content
     assert content.startswith("abc") == (side != "left") and content.endswith("hij") == (side != "right")
@@ -103,7 +107,7 @@ async def test_max_assistant_turns(chat_tokenizer, rollout_cfg):
     tok = chat_tokenizer
     engine = scripted_engine(tok, [call_text("calculator", '{"expression": "1+1"}')])
     rollout_cfg.multi_turn.max_assistant_turns = 3
-    traj = (await loop(tok, engine, rollout_cfg, {"calculator": CalculatorTool()}).run([sample()], 1, SP)).trajectories[0]
+    traj = await one(loop(tok, engine, rollout_cfg, {"calculator": CalculatorTool()}))
     assert traj.stop_reason == "max_assistant_turns" and len(traj.turns) == 3
     assert traj.turns[-1].obs_end == traj.turns[-1].gen_end == len(traj.response_ids)  # no dangling observation
     assert_mask(traj, tok.convert_tokens_to_ids("<|im_end|>"))
@@ -116,7 +120,7 @@ async def test_response_budget_counts_all_turns_and_never_cuts_observations(chat
     first = len(engine.reply_ids(call_text("calculator", '{"expression": "1+1"}')))
     for budget in (first - 3, first + 5, 3 * first + 30):
         rollout_cfg.multi_turn.max_assistant_turns = None
-        traj = (await loop(tok, engine, rollout_cfg, tools, max_response_length=budget).run([sample()], 1, SP)).trajectories[0]
+        traj = await one(loop(tok, engine, rollout_cfg, tools, max_response_length=budget))
         assert traj.stop_reason == "response_budget"
         assert len(traj.response_ids) <= budget
         assert traj.turns[-1].obs_end == len(traj.response_ids)
@@ -168,7 +172,7 @@ async def test_failures_stay_in_their_trajectory(chat_tokenizer, rollout_cfg):
 
     engine = scripted_engine(tok, reply)
     inter = {"guess": GuessInteraction({"name": "guess"})}
-    samples = [sample("boom", uid="a"), sample("ok", uid="b"), sample("x", uid="c", interaction_kwargs={"name": "nope"})]
+    samples = [sample("boom", uid="a"), sample("ok", uid="b"), sample(uid="c", interaction_kwargs={"name": "nope"})]
     batch = await loop(tok, engine, rollout_cfg, interactions=inter).run(samples, 1, SP)
     a, b, c = batch.trajectories
     assert a.stop_reason == "error" and "engine exploded" in a.error

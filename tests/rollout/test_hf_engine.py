@@ -95,10 +95,12 @@ async def test_per_request_params_in_one_batch(small_model):
 async def test_many_concurrent_requests_never_mix(small_model):
     engine = HFEngine(small_model, max_batch_size=16, stop_on_eos=False)
     prompts = [[(i * 7 + j) % 90 + 2 for j in range(1 + i % 9)] for i in range(40)]
-    sp = SamplingParams(temperature=0.0, max_new_tokens=6)
-    together = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
-    for p, out in zip(prompts[::5], together[::5]):
-        assert (await engine.generate(p, sp)).token_ids == out.token_ids
+    sps = [SamplingParams(temperature=0.0, max_new_tokens=1 + i % 8) for i in range(40)]  # rows leave the batch early
+    together = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, sps)))
+    for p, sp, out in list(zip(prompts, sps, together))[::3]:
+        alone = await engine.generate(p, sp)
+        assert alone.token_ids == out.token_ids and len(out.token_ids) == sp.max_new_tokens
+        assert alone.logprobs == pytest.approx(out.logprobs, abs=1e-4)
     assert engine.stats["batches"] >= 3  # 40 requests, at most 16 per batch
     await engine.close()
 

@@ -31,7 +31,7 @@ def healthy_and_clean(server, run) -> None:
     for _ in range(server.service.settings.pool_size):
         out = run(server, check)
         assert out["status"] == "Success", out
-        assert out["run_result"]["stdout"] == "['/tmp/sandbox', '/tmp/sandbox/main.py'] 0\n", out
+        assert out["run_result"]["stdout"] == "['/tmp/sandbox'] 0\n", out
 
 
 def host_procs_matching(marker: str) -> list[int]:
@@ -140,7 +140,7 @@ def test_leftover_files_are_not_visible_to_the_next_run(server, run):
 
 
 def test_network_has_no_route(server, run):
-    code = ("import os, socket, time\nprint(sorted(os.listdir('/sys/class/net')))\n"
+    code = ("import os, socket, time\nprint(sorted(name for _, name in socket.if_nameindex()))\n"
             "for host, port in [('203.0.113.1', 80), ('127.0.0.1', PORT)]:\n    t = time.monotonic()\n"
             "    s = socket.socket()\n    s.settimeout(5)\n    try:\n        s.connect((host, port)); print('CONNECTED')\n"
             "    except OSError as e:\n        print(host, type(e).__name__, round(time.monotonic() - t, 1))\n"
@@ -195,12 +195,12 @@ def test_symlink_exfiltration_through_fetch_files(server, run):
 
 def test_no_privilege_escalation(server, run):
     code = ("grep CapEff /proc/self/status; id -u; sudo id 2>&1 | head -1; su -c 'id -u' root </dev/null 2>&1 | head -1;"
-            " python3 -c 'import os; os.setuid(0)' 2>&1 | tail -1;"
+            " python3 -c 'import os; os.setuid(0); print(\"ROOT\")' 2>&1 | tail -1;"
             " for f in $(find / -xdev -perm -4000 -type f 2>/dev/null); do $f --version >/dev/null 2>&1; done; id -u")
     out = run(server, code, language="bash")
     lines = out["run_result"]["stdout"].splitlines()
     assert lines[0].split()[1] == "0000000000000000" and lines[1] != "0" and lines[-1] != "0"
-    assert "PermissionError" in out["run_result"]["stdout"]
+    assert "ROOT" not in out["run_result"]["stdout"] and "Error" in out["run_result"]["stdout"]
 
 
 def test_killing_or_corrupting_the_runner(server, run):

@@ -70,5 +70,6 @@ def make_cfg(tiny_model_path, calc_data, calc_tools, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def dev_model_path(tiny_model_path):
-    return tiny_model_path
+def dev_model_path(request):
+    """A model whose weights do not matter (mechanics tests): $VERL_AGENT_DEV_MODEL or the tiny model."""
+    return Path(os.environ["VERL_AGENT_DEV_MODEL"]) if os.environ.get("VERL_AGENT_DEV_MODEL") else request.getfixturevalue("tiny_model_path")

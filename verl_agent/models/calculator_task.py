@@ -36,10 +36,10 @@ CALCULATOR_TOOL_SCHEMA: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "calculator",
-        "description": "Evaluate an arithmetic expression and return the result.",
+        "description": "Evaluate an arithmetic expression, e.g. '(12 + 3) * 4 / 5' or '2 ** 10'.",
         "parameters": {
             "type": "object",
-            "properties": {"expression": {"type": "string", "description": "The expression, e.g. 37 * 12 + 5"}},
+            "properties": {"expression": {"type": "string", "description": "The arithmetic expression to evaluate."}},
             "required": ["expression"],
         },
     },

@@ -133,7 +133,9 @@ class AgentLoop:
         await self._start_interaction(ep, sample, stack)
         traj.prompt_ids = list(encoder.encode_prompt(ep.messages))
         if len(traj.prompt_ids) > self.max_prompt_length:
-            raise ValueError(f"prompt has {len(traj.prompt_ids)} tokens > data.max_prompt_length={self.max_prompt_length}")
+            raise ValueError(
+                f"prompt has {len(traj.prompt_ids)} tokens > data.max_prompt_length={self.max_prompt_length}"
+            )
         return ep
 
     async def _start_interaction(self, ep: _Episode, sample: Sample, stack: contextlib.AsyncExitStack) -> None:

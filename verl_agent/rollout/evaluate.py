@@ -20,7 +20,10 @@ from verl_agent.rollout.records import write_records
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_agent_loop", "build_engine", "evaluate", "evaluate_cli", "load_reward", "pick_device", "sampling_params"]
+__all__ = [
+    "build_agent_loop", "build_engine", "evaluate", "evaluate_cli", "load_reward", "model_path", "pick_device",
+    "sampling_params",
+]  # fmt: skip
 
 
 def pick_device(cfg: Any) -> str:
@@ -70,8 +73,8 @@ def build_engine(cfg: Any, model: Any = None, device: str | None = None) -> Engi
         from verl_agent.rollout.hf_engine import HFEngine
 
         return HFEngine(
-            model if model is not None else model_path(cfg.actor_rollout_ref.model.path), device=device or pick_device(cfg),
-            dtype=r.dtype, max_batch_size=r.max_batch_size,
+            model if model is not None else model_path(cfg.actor_rollout_ref.model.path),
+            device=device or pick_device(cfg), dtype=r.dtype, max_batch_size=r.max_batch_size,
         )  # fmt: skip
     from verl_agent.rollout import sglang_engine
 
@@ -106,7 +109,9 @@ def _load_samples(cfg: Any, split: str) -> list[Sample]:
     ]  # fmt: skip
 
 
-async def evaluate(cfg: Any, samples: list[Sample], engine: Engine, tokenizer: Any, validate: bool = True) -> RolloutBatch:
+async def evaluate(
+    cfg: Any, samples: list[Sample], engine: Engine, tokenizer: Any, validate: bool = True
+) -> RolloutBatch:
     """Roll out `samples` (val_kwargs.n or rollout.n per sample) in chunks of data.val_batch_size."""
     r = cfg.actor_rollout_ref.rollout
     n = r.val_kwargs.n if validate else r.n

@@ -18,7 +18,9 @@ back, so `sleep()` only drops caches.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +108,8 @@ class HFEngine:
         self._static = StaticState()
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
+        # One dedicated decode thread: CUDA-graph state (cudagraph trees) is thread-local.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine-decode")
         self._pending: list[_Request] = []
         self._event: asyncio.Event | None = None
         self._server: asyncio.Task | None = None
@@ -161,6 +165,7 @@ class HFEngine:
                 r.future.set_result(GenerateOutput([], [], "abort"))
         self._pending.clear()
         self._static = StaticState()
+        self._executor.shutdown(wait=False)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -196,10 +201,11 @@ class HFEngine:
     async def _run(self, batch: list[_Request]) -> None:
         async with self._get_lock():
             try:
-                outs = await asyncio.to_thread(
+                job = functools.partial(
                     decode_batch, self.model, [r.prompt_ids for r in batch], [r.sampling for r in batch],
                     self.settings, self._static, self._generator,
                 )  # fmt: skip
+                outs = await asyncio.get_running_loop().run_in_executor(self._executor, job)
             except Exception as e:  # one bad batch fails its own requests, never the server
                 logger.exception("HFEngine batch of %d failed", len(batch))
                 for r in batch:
@@ -217,11 +223,14 @@ class HFEngine:
         state = self.model.state_dict()
         unknown = [n for n, _ in named if n not in state]
         if unknown:
-            raise KeyError(f"HFEngine.update_weights: unknown parameter names {unknown[:5]} (model has e.g. {list(state)[:3]})")
+            raise KeyError(
+                f"HFEngine.update_weights: unknown parameter names {unknown[:5]} (model has e.g. {list(state)[:3]})"
+            )
         for name, tensor in named:
             if tuple(tensor.shape) != tuple(state[name].shape):
                 raise ValueError(
-                    f"HFEngine.update_weights: {name} has shape {tuple(tensor.shape)}, expected {tuple(state[name].shape)}"
+                    f"HFEngine.update_weights: {name} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(state[name].shape)}"
                 )
         with torch.no_grad():
             for name, tensor in named:

@@ -32,12 +32,13 @@ def summarize(batch: RolloutBatch, success_threshold: float = 1.0) -> dict[str, 
     if n == 0:
         return {"rollout/num_trajectories": 0.0}
     m = lambda t, k: float(t.metrics.get(k, 0.0))  # noqa: E731
+    calls = sum(m(t, "num_tool_calls") for t in trajs)
     out: dict[str, float] = {
         "rollout/num_trajectories": float(n),
         "rollout/success_rate": sum(t.reward >= success_threshold for t in trajs) / n,
         "rollout/error_rate": sum(t.error is not None for t in trajs) / n,
-        "rollout/tool_calls_total": sum(m(t, "num_tool_calls") for t in trajs),
-        "rollout/tool_error_rate": sum(m(t, "num_tool_errors") for t in trajs) / max(1.0, sum(m(t, "num_tool_calls") for t in trajs)),
+        "rollout/tool_calls_total": calls,
+        "rollout/tool_error_rate": sum(m(t, "num_tool_errors") for t in trajs) / max(1.0, calls),
         "rollout/model_tokens_total": float(sum(t.num_model_tokens for t in trajs)),
     }
     out.update(_stats("rollout/reward", [t.reward for t in trajs]))

@@ -55,6 +55,17 @@ class RowParams:
         )
 
 
+    def select(self, keep: torch.Tensor) -> RowParams:
+        """The rows at `keep` (the batch shrinks when requests finish)."""
+        temp, top_p, top_k = self.temperature[keep], self.top_p[keep], self.top_k[keep]
+        sampled = temp > 0
+        return RowParams(
+            temperature=temp, top_p=top_p, top_k=top_k, generators=[self.generators[i] for i in keep.tolist()],
+            any_filter=bool((((top_k > 0) | (top_p < 1.0)) & sampled).any()),
+            any_greedy=bool((~sampled).any()), all_greedy=bool((~sampled).all()),
+        )  # fmt: skip
+
+
 def filter_top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set logits outside each row's top-k / nucleus to -inf (the top token always survives)."""
     vocab = scaled.shape[-1]
@@ -70,7 +81,9 @@ def filter_top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
 
 
-def sample(logits: torch.Tensor, rows: RowParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor, rows: RowParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row from float logits [B, V]; returns (tokens [B] long, logprobs [B] float)."""
     logits = logits.float()
     if rows.all_greedy:

@@ -88,6 +88,9 @@ class SandboxService:
         await self.backend.close()
 
     async def _acquire(self) -> Worker:
+        worker = self.pool.try_acquire()
+        if worker is not None:
+            return worker
         if self._waiting >= self.settings.max_queue:
             self.stats["overloaded"] += 1
             raise Overloaded(f"{self._waiting} requests already waiting for a sandbox; retry later")

@@ -220,7 +220,11 @@ class TrainWorker:
         from verl_agent.rollout import SamplingParams
 
         sp = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=1234)
-        outs = self._loop.run_until_complete(asyncio.gather(*(self.engine.generate(p, sp) for p in prompts)))
+        self._loop.run_until_complete(self.engine.wake_up())
+        async def generate_all() -> list:
+            return await asyncio.gather(*(self.engine.generate(p, sp) for p in prompts))
+
+        outs = self._loop.run_until_complete(generate_all())
         seqs = [TrainSeq(input_ids=p + o.token_ids, prompt_len=len(p), loss_mask=torch.ones(len(o.token_ids)))
                 for p, o in zip(prompts, outs) if o.token_ids]
         self.actor.eval()

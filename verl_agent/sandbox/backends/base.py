@@ -135,6 +135,13 @@ class WorkerPool:
     async def acquire(self) -> Worker:
         return await self._idle.get()
 
+    def try_acquire(self) -> Worker | None:
+        """An idle worker at once, or None."""
+        try:
+            return self._idle.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
     def idle(self) -> int:
         return self._idle.qsize()
 

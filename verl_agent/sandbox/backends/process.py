@@ -63,7 +63,7 @@ class ProcessBackend(SandboxBackend):
                 "--chdir", "/tmp"]
         for path in _ETC:
             argv += ["--ro-bind-try", path, path]
-        return argv + ["--"] + agent_argv()
+        return argv + ["--remount-ro", "/", "--"] + agent_argv()  # bwrap's root tmpfs: read-only too
 
     def _preexec(self, groups: list[Path]):
         """Runs in the child before exec: join the cgroups (before bwrap forks), limits, drop root."""

@@ -1,0 +1,113 @@
+"""Small pure parts of the rollout package, with expected values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from rollout_helpers import sample, scripted_engine
+
+from verl_agent.protocol import RolloutBatch, Trajectory, Turn
+from verl_agent.rollout.agent_loop import AgentLoop
+from verl_agent.rollout.engine import SamplingParams
+from verl_agent.rollout.metrics import summarize
+from verl_agent.rollout.observations import truncate
+from verl_agent.rollout.records import read_records, write_records
+from verl_agent.rollout.sampling import RowParams, filter_top_k_top_p, sample as sample_tokens
+
+
+def test_filter_top_k_top_p_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    out = filter_top_k_top_p(logits, torch.tensor([2, 0, 0]), torch.tensor([1.0, 0.7, 0.81]))
+    kept = torch.isfinite(out).tolist()
+    assert kept[0] == [True, True, False, False]  # top-2
+    assert kept[1] == [True, True, False, False]  # mass above token 3 is 0.8 >= 0.7: nucleus {0, 1}
+    assert kept[2] == [True, True, True, False]  # 0.8 < 0.81 keeps token 2; 0.95 drops token 3
+    assert out[0, 0] == logits[0, 0]
+
+
+def test_sampled_logprobs_are_before_filtering():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    rows = RowParams.build([SamplingParams(temperature=1.0, top_k=1)], torch.device("cpu"))
+    tok, lp = sample_tokens(logits, rows, torch.Generator().manual_seed(0))
+    assert tok.item() == 0 and lp.item() == pytest.approx(math.log(0.5))
+    rows = RowParams.build([SamplingParams(temperature=0.5, top_k=1)], torch.device("cpu"))
+    _, lp = sample_tokens(logits, rows, None)
+    assert lp.item() == pytest.approx(math.log(0.25 / (0.25 + 0.09 + 0.0225 + 0.0025)))  # softmax(logits / 0.5)
+
+
+TEXT = "abcdefghijklmnopqrstuvwxyz" + "0123456789" * 3
+MARK = "...(truncated)..."
+
+
+@pytest.mark.parametrize(
+    ("side", "expected"),
+    [("left", MARK + TEXT[-23:]), ("right", TEXT[:23] + MARK), ("middle", TEXT[:11] + MARK + TEXT[-12:])],
+)
+def test_truncate(side, expected):
+    assert truncate(TEXT, 40, side) == expected and len(expected) == 40
+    assert truncate(TEXT, 100, side) == TEXT
+    assert len(truncate(TEXT, 10, side)) == 10  # too short for the marker: plain cut
+    with pytest.raises(ValueError, match="truncate_side"):
+        truncate(TEXT, 5, "top")
+
+
+def _traj(reward, stop, n_resp, calls=0.0, errors=0.0):
+    t = Trajectory("u", [1, 2], [3] * n_resp, [1] * n_resp, [-0.1] * n_resp, reward=reward, stop_reason=stop)
+    t.turns = [Turn(0, n_resp, n_resp)]
+    t.metrics = {"num_tool_calls": calls, "num_tool_errors": errors}
+    return t
+
+
+def test_summarize_by_hand():
+    m = summarize(RolloutBatch([_traj(1.0, "end_of_turn", 4, 2, 1), _traj(0.0, "response_budget", 8, 2, 0)]))
+    assert m["rollout/success_rate"] == 0.5
+    assert m["rollout/reward/mean"] == 0.5 and m["rollout/reward/std"] == 0.5
+    assert m["rollout/response_length/mean"] == 6.0 and m["rollout/tool_calls_total"] == 4
+    assert m["rollout/tool_error_rate"] == 0.25
+    assert m["rollout/stop/end_of_turn"] == m["rollout/stop/response_budget"] == 0.5
+    assert summarize(RolloutBatch([])) == {"rollout/num_trajectories": 0.0}
+
+
+def test_records_round_trip(tmp_path):
+    batch = RolloutBatch([_traj(1.0, "end_of_turn", 3)])
+    path = write_records(tmp_path / "t.jsonl", batch, step=7)
+    write_records(path, batch, step=8)
+    recs = list(read_records(path))
+    assert [r["step"] for r in recs] == [7, 8]
+    assert recs[0]["response_ids"] == [3, 3, 3] and recs[0]["loss_mask"] == [1, 1, 1]
+    assert recs[0]["turns"][0]["gen_end"] == 3
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        list(read_records(tmp_path / "bad.jsonl"))
+
+
+async def test_engine_length_vs_response_budget(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, ["a long answer that goes on and on and on"])
+    lp = AgentLoop(engine, tok, rollout_cfg, max_prompt_length=200, max_response_length=100)
+    traj = (await lp.run([sample()], 1, SamplingParams(max_new_tokens=4))).trajectories[0]
+    assert traj.stop_reason == "engine_length" and len(traj.response_ids) == 4
+    lp = AgentLoop(engine, tok, rollout_cfg, max_prompt_length=200, max_response_length=4)
+    traj = (await lp.run([sample()], 1, SamplingParams(max_new_tokens=50))).trajectories[0]
+    assert traj.stop_reason == "response_budget" and len(traj.response_ids) == 4
+
+
+async def test_seeded_groups_get_distinct_seeds(chat_tokenizer, rollout_cfg):
+    seen = []
+
+    def reply(text, k):
+        return "ok"
+
+    engine = scripted_engine(chat_tokenizer, reply)
+    orig = engine.generate
+
+    async def spy(ids, sp):
+        seen.append(sp.seed)
+        return await orig(ids, sp)
+
+    engine.generate = spy
+    lp = AgentLoop(engine, chat_tokenizer, rollout_cfg, max_prompt_length=200, max_response_length=50)
+    await lp.run([sample(uid="a"), sample(uid="b")], 2, SamplingParams(seed=10))
+    assert sorted(seen) == [10, 11, 12, 13]

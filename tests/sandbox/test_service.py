@@ -1,0 +1,148 @@
+"""Server robustness (overload, crashed workers), the async client, the code tool and the code reward."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+
+import httpx
+import pytest
+
+from verl_agent.sandbox.backends.process import ProcessBackend
+from verl_agent.sandbox.client import ClientLimits, SandboxClient, SandboxUnavailable
+from verl_agent.sandbox.code_reward import score_code
+from verl_agent.sandbox.service import ServiceSettings
+from verl_agent.tools.sandbox_fusion import SandboxFusionTool
+
+
+def _host_pid(marker: str, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                    return int(pid)
+            except OSError:
+                pass
+        time.sleep(0.02)
+    raise AssertionError(f"no process with {marker!r}")
+
+
+def _agent_of(pid: int) -> int:
+    """The sandbox agent (``python3 -u -c <agent source> /tmp/sandbox ...``) above ``pid``."""
+    while pid > 1:
+        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"/usr/bin/python3\0-u\0-c\0"):
+            return pid
+    raise AssertionError("agent not found")
+
+
+@pytest.fixture(scope="module")
+def tiny_server():
+    """One worker, one waiting slot: easy to overload."""
+    from conftest import ServerThread
+
+    settings = ServiceSettings(pool_size=1, max_queue=1, queue_timeout=20.0, default_memory_mb=256)
+    with ServerThread(ProcessBackend(memory_mb=256, tmpfs_mb=16), settings) as server:
+        yield server
+
+
+async def test_overload_answers_503_fast_and_client_retries(tiny_server):
+    async with httpx.AsyncClient(base_url=tiny_server.url, timeout=30) as http:
+        body = {"code": "sleep 2", "language": "bash"}
+        slow = [asyncio.create_task(http.post("/run_code", json=body)) for _ in range(2)]
+        deadline = time.monotonic() + 10
+        service = tiny_server.service
+        while not (service._waiting == 1 and service.pool.idle() == 0) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # one runs, one waits
+        t0 = time.monotonic()
+        refused = await http.post("/run_code", json=body)
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert time.monotonic() - t0 < 1.0 and "overloaded" in refused.json()["message"]
+        assert [r.status_code for r in await asyncio.gather(*slow)] == [200, 200]
+    async with SandboxClient(tiny_server.url, ClientLimits(max_retries=8, backoff_base=0.2)) as client:
+        outs = await asyncio.gather(*(client.run_code("echo ok", "bash") for _ in range(5)))
+    assert [o.run_result.stdout for o in outs] == ["ok\n"] * 5  # retried through the 503s
+
+
+def test_crashed_worker_is_replaced_and_reported(process_server, run):
+    from concurrent.futures import ThreadPoolExecutor
+
+    marker = f"{uuid.uuid4().int % 10**6}.5"
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(run, process_server, f"sleep {marker}", "bash")
+        os.kill(_agent_of(_host_pid(f"sleep\0{marker}")), signal.SIGKILL)  # the sandbox's agent dies mid-run
+        out = pending.result()
+    assert out["status"] == "SandboxError" and "crashed" in out["message"] and "replaced" in out["message"]
+    process_server.wait_idle()
+    assert run(process_server, "print('next')")["run_result"]["stdout"] == "next\n"
+
+
+async def test_client_retries_only_retryable_answers():
+    """httpx.MockTransport stands in for a flaky server (a real one cannot fail on cue)."""
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if len(calls) == 1:
+            raise httpx.ConnectError("refused")
+        if len(calls) == 2:
+            return httpx.Response(502, text="bad gateway")
+        return httpx.Response(200, json={"status": "Failed", "message": "",
+                                         "run_result": {"status": "Finished", "return_code": 1}})
+
+    client = SandboxClient("http://sandbox", ClientLimits(backoff_base=0.01), transport=httpx.MockTransport(handler))
+    out = await client.run_code("exit(1)")
+    assert out.status.value == "Failed" and len(calls) == 3  # the program's failure is not retried
+    dead = SandboxClient("http://sandbox", ClientLimits(max_retries=2, backoff_base=0.01),
+                         transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    with pytest.raises(SandboxUnavailable, match="after 3 attempts"):
+        await dead.run_code("1")
+    bad = SandboxClient("http://sandbox", transport=httpx.MockTransport(lambda r: httpx.Response(422, json={})))
+    with pytest.raises(httpx.HTTPStatusError):
+        await bad.run_code("1")
+
+
+async def test_code_interpreter_tool(process_server):
+    tool = SandboxFusionTool({"sandbox_fusion_url": f"{process_server.url}/run_code", "default_timeout": 2,
+                              "num_workers": 4, "max_output_chars": 50, "enable_session": True})
+    assert tool.name == "code_interpreter"
+    iid = await tool.create()
+    try:
+        text, _, metrics = await tool.execute(iid, {"code": "x = 20\nprint(x + 1)"})
+        assert text.text == "21\n" and metrics["status"] == "Success"
+        assert (await tool.execute(iid, {"code": "print(x * 2)"}))[0].text == "40\n"  # same interpreter
+        long = (await tool.execute(iid, {"code": "print('a' * 500)"}))[0].text
+        assert long.startswith("a" * 50) and "truncated" in long
+        slow = (await tool.execute(iid, {"code": "while True: pass"}))[0].text
+        assert "timed out after 2 seconds" in slow
+        err = (await tool.execute(iid, {"code": "1/0"}))[0].text
+        assert "ZeroDivisionError" in err and err.startswith("stderr:")
+        assert "sandbox error" in (await tool.execute(iid, {"code": "x", "language": "cobol"}))[0].text
+    finally:
+        await tool.release(iid)
+    assert len(process_server.service.sessions) == 0
+
+
+async def test_tool_reports_unreachable_sandbox():
+    tool = SandboxFusionTool({"sandbox_fusion_url": "http://127.0.0.1:9"})
+    tool.client.limits = ClientLimits(max_retries=0)
+    text, _, metrics = await tool.execute(await tool.create(), {"code": "print(1)"})
+    assert text.text.startswith("Error: the sandbox is unavailable") and metrics["status"] == "unavailable"
+
+
+async def test_code_reward_stdio_and_function_cases(process_server):
+    completion = "Here:\n```python\nimport sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\n```"
+    cases = [{"input": "1 2", "output": "3"}, {"input": "2 2", "output": "5"}, {"input": "x", "output": "1"}]
+    result = await score_code(completion, cases, url=process_server.url)
+    assert result.score == pytest.approx(1 / 3)
+    assert [c.status for c in result.cases] == ["passed", "wrong_answer", "runtime_error"]
+    fn = "```python\ndef add(a, b):\n    return a + b if a < 10 else None\n```"
+    calls = [{"fn_name": "add", "args": [1, 2], "expected": 3}, {"fn_name": "add", "args": [10, 2], "expected": 12}]
+    result = await score_code(fn, calls, url=process_server.url)
+    assert result.score == 0.5 and [c.status for c in result.cases] == ["passed", "wrong_answer"]
+    slow = await score_code("while True: pass", [{"input": "", "output": ""}], url=process_server.url, timeout=1)
+    assert slow.cases[0].status == "timeout" and slow.score == 0.0

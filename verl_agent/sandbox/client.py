@@ -1,0 +1,102 @@
+"""Async client for any Sandbox Fusion compatible server (ours or a real Sandbox Fusion deployment).
+
+Retries (jittered exponential backoff) only what a retry can fix: connection errors, HTTP 5xx and
+503 overload answers. A program's own failure (``Failed``) and a malformed request (422) come back
+at once. ``max_concurrency`` caps requests in flight from this client; ``transport`` is injectable
+(httpx.MockTransport, ASGITransport) for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from verl_agent.sandbox.api import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ClientLimits", "SandboxClient", "SandboxUnavailable"]
+
+
+class SandboxUnavailable(RuntimeError):
+    """The server could not be reached or stayed overloaded/erroring through every retry."""
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    connect_timeout: float = 5.0
+    request_slack: float = 30.0  # added to the run's own timeouts for the HTTP read timeout
+    max_retries: int = 4
+    backoff_base: float = 0.25
+    backoff_max: float = 8.0
+    max_concurrency: int = 64
+    max_connections: int = 64
+
+
+class SandboxClient:
+    def __init__(self, url: str = "http://127.0.0.1:8080", limits: ClientLimits | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.url, self.limits = url.rstrip("/"), limits or ClientLimits()
+        lim = self.limits
+        self._http = httpx.AsyncClient(
+            base_url=self.url, transport=transport,
+            limits=httpx.Limits(max_connections=lim.max_connections, max_keepalive_connections=lim.max_connections),
+            timeout=httpx.Timeout(None, connect=lim.connect_timeout),
+        )
+        self._slots = asyncio.Semaphore(lim.max_concurrency)
+
+    async def __aenter__(self) -> SandboxClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            return (await self._http.get("/v1/ping", timeout=self.limits.connect_timeout)).json() == "pong"
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    async def run_code(self, code: str | None = None, language: str = "python", *,
+                       request: RunCodeRequest | None = None, **fields: Any) -> RunCodeResponse:
+        req = request or RunCodeRequest(code=code, language=language, **fields)
+        budget = req.compile_timeout + req.run_timeout
+        body = req.model_dump(exclude_none=True)
+        return RunCodeResponse.model_validate(await self._post("/run_code", body, budget))
+
+    async def run_jupyter(self, cells: list[str], **fields: Any) -> RunJupyterResponse:
+        req = RunJupyterRequest(cells=cells, **fields)
+        return RunJupyterResponse.model_validate(await self._post("/run_jupyter", req.model_dump(), req.total_timeout))
+
+    async def close_session(self, session_id: str) -> bool:
+        data = await self._post("/close_session", {"session_id": session_id}, 10.0)
+        return bool(data.get("closed"))
+
+    async def _post(self, path: str, body: dict, budget: float) -> dict:
+        lim = self.limits
+        async with self._slots:
+            for attempt in range(lim.max_retries + 1):
+                try:
+                    resp = await self._http.post(path, json=body, timeout=httpx.Timeout(
+                        budget + lim.request_slack, connect=lim.connect_timeout))
+                except httpx.TransportError as e:
+                    reason = f"{type(e).__name__}: {e}"
+                else:
+                    if resp.status_code < 500:
+                        resp.raise_for_status()  # 4xx: our request is wrong; retrying cannot help
+                        return resp.json()
+                    reason = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                if attempt == lim.max_retries:
+                    break
+                delay = min(lim.backoff_max, lim.backoff_base * 2 ** attempt) * random.uniform(0.5, 1.0)
+                logger.debug("sandbox %s failed (%s); retry %d in %.2fs", path, reason, attempt + 1, delay)
+                await asyncio.sleep(delay)
+        raise SandboxUnavailable(f"sandbox at {self.url}{path}: {reason} (after {lim.max_retries + 1} attempts)")
