@@ -41,7 +41,10 @@ from multiprocessing.reduction import ForkingPickler
 
 from verl_agent.rollout.engine import GenerateOutput, SamplingParams
 
-__all__ = ["SGLangEngine", "SGLangError", "SUPPORTED_SGLANG_VERSIONS", "generate_payload", "tensor_payload"]
+__all__ = [
+    "SGLangEngine", "SGLangError", "SUPPORTED_SGLANG_VERSIONS",
+    "generate_payload", "tensor_payload", "disk_payload", "parse_generate_response",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.23",)
@@ -103,6 +106,11 @@ def tensor_payload(named_tensors: list[tuple[str, torch.Tensor]], tp_size: int =
     return {"serialized_named_tensors": [blob] * tp_size, "flush_cache": flush}
 
 
+def disk_payload(path: str | os.PathLike, load_format: str | None = None) -> dict[str, Any]:
+    """Body of ``POST /update_weights_from_disk`` (sglang UpdateWeightFromDiskReqInput)."""
+    return {"model_path": str(path), "load_format": load_format, "flush_cache": True}
+
+
 def _share_cpu(t: torch.Tensor) -> torch.Tensor:
     """A shareable copy: CUDA tensors as they are; CPU tensors cloned into shared memory
     (never move the caller's own parameter storage into shared memory)."""
@@ -162,6 +170,15 @@ class SGLangEngine:
         self._vocab_size: int | None = None
         self._param_names: set[str] | None = None
         self._released: set[str] = set()
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> SGLangEngine:
+        """From a run config: actor_rollout_ref.rollout.sglang.{url, python, port, extra_args}."""
+        r, sg = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.rollout.sglang
+        extra = list(sg.extra_args)
+        if "--mem-fraction-static" not in extra:
+            extra += ["--mem-fraction-static", str(r.gpu_memory_utilization)]
+        return cls(sg.url, model_path=cfg.actor_rollout_ref.model.path, python=sg.python, port=sg.port, extra_args=extra)
 
     def _launch(self, python: str, host: str, port: int, extra: Sequence[str], env: Mapping[str, str] | None) -> None:
         cmd = [python, "-m", "sglang.launch_server", "--model-path", self.model_path, "--host", host,
@@ -304,7 +321,12 @@ class SGLangEngine:
             raise ValueError(f"SGLangEngine disk update needs the model's config.json; cannot read {self.model_path}")
         tmp = tempfile.mkdtemp(prefix="sglang-weights-", dir=self.disk_dir)
         try:
-            tensors = {n: t.detach().to("cpu").contiguous() for n, t in named_tensors}
+            tensors, seen = {}, set()
+            for n, t in named_tensors:  # tied weights (embed_tokens / lm_head) are one tensor: save it once
+                key = (t.data_ptr(), tuple(t.shape))
+                if key not in seen:
+                    seen.add(key)
+                    tensors[n] = t.detach().to("cpu").contiguous()
             await asyncio.to_thread(save_file, tensors, os.path.join(tmp, "model.safetensors"))
             for name in ("config.json", "generation_config.json"):
                 if (Path(self.model_path) / name).is_file():
@@ -363,7 +385,3 @@ class SGLangEngine:
             except ProcessLookupError:
                 return
 
-
-def disk_payload(path: str | os.PathLike, load_format: str | None = None) -> dict[str, Any]:
-    """Body of ``POST /update_weights_from_disk`` (sglang UpdateWeightFromDiskReqInput)."""
-    return {"model_path": str(path), "load_format": load_format, "flush_cache": True}
