@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from verl_agent.models.tiny import add_cli as add_model_cli
 
-    add_model_cli(sub)
+    p = sub.add_parser("model", help="build the embedded tiny model", description="Model utilities.")
+    add_model_cli(p.add_subparsers(dest="model_command", metavar="ACTION", required=True))
     from verl_agent.sandbox.cli import add_cli as add_sandbox_cli
 
     add_sandbox_cli(sub)

@@ -73,3 +73,24 @@ def make_cfg(tiny_model_path, calc_data, calc_tools, tmp_path):
 def dev_model_path(request):
     """A model whose weights do not matter (mechanics tests): $VERL_AGENT_DEV_MODEL or the tiny model."""
     return Path(os.environ["VERL_AGENT_DEV_MODEL"]) if os.environ.get("VERL_AGENT_DEV_MODEL") else request.getfixturevalue("tiny_model_path")
+
+
+@pytest.fixture
+def random_seqs():
+    """Factory of TrainSeqs with random tokens, a masked tool-response hole, and GRPO pairs (uid, score 0/1)."""
+    import torch
+
+    from verl_agent.trainer.batch import TrainSeq
+
+    def make(n: int, vocab: int, seed: int = 0) -> list:
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for i in range(n):
+            length, prompt = 12 + 3 * i, 5 + i % 3
+            mask = torch.ones(length - prompt)
+            mask[2:4] = 0
+            out.append(TrainSeq(input_ids=torch.randint(3, vocab, (length,), generator=g).tolist(), prompt_len=prompt,
+                                loss_mask=mask, uid=f"u{i // 2}", score=float(i % 2)))
+        return out
+
+    return make

@@ -8,26 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_agent.trainer.batch import TrainSeq
 from verl_agent.trainer.controller import WorkerGroup, shard_list
 from verl_agent.trainer.prepare import attach
 
 pytestmark = pytest.mark.slow
 
 
-def _random_seqs(n: int, vocab: int, seed: int = 0) -> list[TrainSeq]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        length, prompt = 12 + 3 * i, 5 + i % 3
-        mask = torch.ones(length - prompt)
-        mask[2:4] = 0  # a tool-response hole in the middle
-        out.append(TrainSeq(input_ids=torch.randint(3, vocab, (length,), generator=g).tolist(), prompt_len=prompt,
-                            loss_mask=mask, uid=f"u{i // 2}", score=float(i % 2)))
-    return out
-
-
-def test_sync_makes_engine_match_actor(ray_cluster, make_cfg, dev_model_path):
+def test_sync_makes_engine_match_actor(ray_cluster, make_cfg, dev_model_path, random_seqs):
     cfg = make_cfg(f"actor_rollout_ref.model.path={dev_model_path}", "actor_rollout_ref.actor.optim.lr=1e-2",
                    "actor_rollout_ref.rollout.temperature=1.0")
     group = WorkerGroup.create(cfg)
@@ -35,7 +22,7 @@ def test_sync_makes_engine_match_actor(ray_cluster, make_cfg, dev_model_path):
         vocab = 300
         prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
         assert max(group.call("check_sync", prompts)) < 1e-4  # fresh: both hold the same initial weights
-        shards = shard_list(_random_seqs(8, vocab), group.world_size)
+        shards = shard_list(random_seqs(8, vocab), group.world_size)
         attach(shards, group.call_sharded("compute_log_probs", shards))
         for seqs in shards:
             for s in seqs:

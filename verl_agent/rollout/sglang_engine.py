@@ -43,7 +43,7 @@ from verl_agent.rollout.engine import GenerateOutput, SamplingParams
 
 __all__ = [
     "SGLangEngine", "SGLangError", "SUPPORTED_SGLANG_VERSIONS",
-    "generate_payload", "tensor_payload", "disk_payload", "parse_generate_response",
+    "generate_payload", "tensor_payload", "disk_payload", "memory_payload", "parse_generate_response",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -109,6 +109,11 @@ def tensor_payload(named_tensors: list[tuple[str, torch.Tensor]], tp_size: int =
 def disk_payload(path: str | os.PathLike, load_format: str | None = None) -> dict[str, Any]:
     """Body of ``POST /update_weights_from_disk`` (sglang UpdateWeightFromDiskReqInput)."""
     return {"model_path": str(path), "load_format": load_format, "flush_cache": True}
+
+
+def memory_payload(tags: Iterable[str]) -> dict[str, Any]:
+    """Body of ``/release_memory_occupation`` and ``/resume_memory_occupation``."""
+    return {"tags": list(tags)}
 
 
 def _share_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -277,7 +282,7 @@ class SGLangEngine:
         await self.start()
         method = method or self.weight_sync
         if "weights" in self._released:  # the weights' memory must be back before writing into it
-            await self._call("POST", "/resume_memory_occupation", {"tags": ["weights"]})
+            await self._call("POST", "/resume_memory_occupation", memory_payload(["weights"]))
             self._released.discard("weights")
         if method == "disk":
             await self._update_from_disk(list(named_tensors))
@@ -304,7 +309,7 @@ class SGLangEngine:
             buckets[-1].append((name, _share_cpu(t)))
             size += t.numel() * t.element_size()
         # 0.5.23 requires a begin/end session around tensor loads; older servers have no such endpoint.
-        has_session = await self._call("POST", "/begin_weight_update", {}, ok_404=True) is not None
+        has_session = await self._call("POST", "/begin_weight_update", {"selector": "all"}, ok_404=True) is not None
         try:
             for i, bucket in enumerate(buckets):
                 payload = tensor_payload(bucket, tp_size=tp, flush=i == len(buckets) - 1)
@@ -343,14 +348,14 @@ class SGLangEngine:
     async def sleep(self) -> None:
         """Release the weights' and KV cache's memory (GPU: needs ``--enable-memory-saver``)."""
         await self.start()
-        await self._call("POST", "/release_memory_occupation", {"tags": list(MEMORY_TAGS)})
+        await self._call("POST", "/release_memory_occupation", memory_payload(MEMORY_TAGS))
         self._released = set(MEMORY_TAGS)
 
     async def wake_up(self) -> None:
         await self.start()
         if self._released:
             tags = [t for t in MEMORY_TAGS if t in self._released]
-            await self._call("POST", "/resume_memory_occupation", {"tags": tags})
+            await self._call("POST", "/resume_memory_occupation", memory_payload(tags))
             self._released.clear()
 
     async def flush_cache(self) -> None:
@@ -373,8 +378,13 @@ class SGLangEngine:
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the server we launched (its whole process group); no-op when attached."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
+        if proc is not None and proc.poll() is None:
+            self._stop(proc, timeout)
+        if self.log_path is not None:
+            Path(self.log_path).unlink(missing_ok=True)
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen, timeout: float) -> None:
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(proc.pid, sig)

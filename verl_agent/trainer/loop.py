@@ -44,6 +44,7 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     export_dir: Path | None = None
     resumed_from: int = 0
+    workers: list[dict] = field(default_factory=list)  # per rank: node, node_id, device, pid
 
 
 def train(cfg: RunConfig) -> TrainResult:
@@ -66,6 +67,7 @@ def train(cfg: RunConfig) -> TrainResult:
     result = TrainResult(run_dir=run_dir, steps=total)
     try:
         group = WorkerGroup.create(cfg)
+        result.workers = group.info
         last_ckpt = _resume_point(cfg)
         if last_ckpt is not None:
             state = _resume(group, dataset, last_ckpt)

@@ -107,6 +107,7 @@ class TrainWorker:
         self._build_engine()
         n_params = sum(p.numel() for p in self.actor.parameters())  # local shard sizes of DTensors count full
         return {"rank": self.rank, "device": str(self.device), "node": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(),
                 "num_parameters": int(n_params), "pid": os.getpid()}
 
     def _optimizer(self, model: torch.nn.Module, optim_cfg) -> tuple[torch.optim.Optimizer, Any]:
