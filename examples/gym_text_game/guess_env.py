@@ -28,7 +28,7 @@ class GuessNumberGame(gymnasium.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, low: int = 1, high: int = 16, max_guesses: int = 4):
+    def __init__(self, low: int = 1, high: int = 15, max_guesses: int = 4):
         if not low < high or max_guesses < 1:
             raise ValueError(f"GuessNumberGame: need low < high and max_guesses >= 1, got {low}, {high}, {max_guesses}")
         self.low, self.high, self.max_guesses = low, high, max_guesses

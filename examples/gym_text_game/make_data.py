@@ -15,7 +15,7 @@ from pathlib import Path
 PROMPT = "Let's play a number guessing game. Answer each time with just your guess."
 
 
-def rows(n: int, split: str, seed: int, low: int = 1, high: int = 16) -> list[dict]:
+def rows(n: int, split: str, seed: int, low: int = 1, high: int = 15) -> list[dict]:
     rng = random.Random(f"guess-{seed}-{split}")
     return [{
         "data_source": "guess_number",

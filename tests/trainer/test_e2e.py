@@ -19,7 +19,8 @@ FAST = ["data.val_files=[]", "data.max_response_length=48", "data.train_batch_si
 def test_multi_node_cluster_runs_one_step(ray_cluster, make_cfg, dev_model_path):
     """The session cluster has 2 Ray nodes on this machine; nnodes=2 puts one rank on each."""
     result = train(make_cfg(*FAST, f"actor_rollout_ref.model.path={dev_model_path}", "trainer.nnodes=2",
-                            "trainer.num_cpu_workers=2", "trainer.total_training_steps=1"))
+                            "trainer.num_cpu_workers=2", "trainer.total_training_steps=1",
+                            "actor_rollout_ref.model.enable_gradient_checkpointing=true"))
     assert len({w["node_id"] for w in result.workers}) == 2
     assert len(result.history) == 1 and math.isfinite(result.history[0]["actor/pg_loss"])
 
@@ -55,8 +56,9 @@ def test_dying_worker_stops_run_with_clear_error_and_intact_checkpoint(ray_clust
 def test_ppo_with_critic_completes(ray_cluster, make_cfg, dev_model_path):
     result = train(make_cfg(*FAST, f"actor_rollout_ref.model.path={dev_model_path}", "algorithm.adv_estimator=gae",
                             "algorithm.lam=0.95", "critic.optim.lr=1e-3", "trainer.total_training_steps=2",
-                            "actor_rollout_ref.actor.use_kl_loss=true"))
+                            "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.optim.lr_warmup_steps=2"))
     assert len(result.history) == 2
+    assert result.history[0]["actor/lr"] == pytest.approx(0.5 * result.history[1]["actor/lr"])  # linear warmup
     for m in result.history:
         assert math.isfinite(m["critic/vf_loss"]) and math.isfinite(m["actor/pg_loss"]) and "actor/kl" in m
     assert result.export_dir is not None and (result.export_dir / "config.json").is_file()

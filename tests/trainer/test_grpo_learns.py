@@ -61,4 +61,4 @@ def test_grpo_learns_to_use_the_tool(ray_cluster, make_cfg, tmp_path):
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     z = _z(first, last, 2 * batch * n)
     print(f"reward per step: {[round(r, 2) for r in rewards]}  z={z:.1f}")
-    assert last - first > 0.15 and z > 3, rewards
+    assert last - first > 0.2 and z > 3, rewards

@@ -39,6 +39,16 @@ class MicroBatching:
     per_gpu: int = 4
 
 
+def _all_reduce(t: Tensor, op=dist.ReduceOp.SUM) -> Tensor:
+    """All-reduce a small CPU tensor on the group's device (NCCL cannot reduce CPU tensors); no-op alone."""
+    if not dist.is_initialized():
+        return t
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+    out = t.to(dev)
+    dist.all_reduce(out, op=op)
+    return out.cpu()
+
+
 def micro_batches(seqs: list[TrainSeq], mb: MicroBatching) -> list[list[TrainSeq]]:
     """Micro-batches of this rank, padded with empty ones to the max count over ranks."""
     lengths = [s.num_tokens for s in seqs]
@@ -46,9 +56,7 @@ def micro_batches(seqs: list[TrainSeq], mb: MicroBatching) -> list[list[TrainSeq
         groups = split_by_tokens(lengths, mb.max_tokens)
     else:
         groups = [list(range(i, min(i + mb.per_gpu, len(seqs)))) for i in range(0, len(seqs), mb.per_gpu)]
-    count = torch.tensor([len(groups)])
-    if dist.is_initialized():
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    count = _all_reduce(torch.tensor([len(groups)]), dist.ReduceOp.MAX)
     groups += [[] for _ in range(int(count) - len(groups))]
     return [[seqs[i] for i in g] for g in groups]
 
@@ -80,10 +88,8 @@ def _global_counts(seqs: list[TrainSeq]) -> tuple[float, float]:
     """(tokens, sequences) of the whole mini-batch over all ranks, divided by the world size."""
     t = torch.tensor([sum(float(s.loss_mask.sum()) for s in seqs), float(sum(1 for s in seqs if s.loss_mask.any()))],
                      dtype=torch.float64)
-    world = 1
-    if dist.is_initialized():
-        dist.all_reduce(t)
-        world = dist.get_world_size()
+    t = _all_reduce(t)
+    world = dist.get_world_size() if dist.is_initialized() else 1
     return float(t[0]) / world, float(t[1]) / world
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from verl_agent.config import RunConfig, save_config
 from verl_agent.trainer import checkpoint as ckpt
-from verl_agent.trainer.controller import WorkerFailure, WorkerGroup, init_ray, shard_list, unshard
+from verl_agent.trainer.controller import WorkerGroup, init_ray, shard_list, unshard
 from verl_agent.trainer.prepare import assign_advantages, attach, filter_groups, to_train_shards, train_metrics
 from verl_agent.trainer.tracking import Tracker, timer
 
@@ -119,7 +119,7 @@ def train(cfg: RunConfig) -> TrainResult:
             result.val_after = _validate(group, val_samples, cfg, summarize)
             tracker.log(total, result.val_after, write=print)
         result.export_dir = Path(group.call("export_hf", str(run_dir / "hf_model"))[0])
-    except (WorkerFailure, Exception) as e:
+    except Exception as e:  # WorkerFailure (dead worker / raising step) or a driver-side error
         where = f"last complete checkpoint: {last_ckpt}" if last_ckpt else "no checkpoint was written yet"
         if group is not None:
             group.shutdown(graceful=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -105,7 +106,7 @@ class TrainWorker:
         self.mb = MicroBatching(arr.actor.use_dynamic_bsz, arr.actor.ppo_max_token_len_per_gpu,
                                 arr.actor.ppo_micro_batch_size_per_gpu)
         self._build_engine()
-        n_params = sum(p.numel() for p in self.actor.parameters())  # local shard sizes of DTensors count full
+        n_params = sum(p.numel() for p in self.actor.parameters())  # DTensor.numel() is the full size
         return {"rank": self.rank, "device": str(self.device), "node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "num_parameters": int(n_params), "pid": os.getpid()}
@@ -271,9 +272,16 @@ class TrainWorker:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        model.load_state_dict(sd, strict=False)
-        model.save_pretrained(path)
-        AutoTokenizer.from_pretrained(self.cfg.actor_rollout_ref.model.tokenizer_path or self.model_path).save_pretrained(path)
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(f"export_hf: state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        tmp = Path(f"{path}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(self.cfg.actor_rollout_ref.model.tokenizer_path or self.model_path).save_pretrained(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        os.rename(tmp, path)  # a reader never sees a half-written export
         return path
 
     def shutdown(self) -> None:

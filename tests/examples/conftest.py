@@ -1,0 +1,22 @@
+"""Fixtures of the example tests: the tiny model's tokenizer and a fresh HF engine per test."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tiny_tok(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_path))
+
+
+@pytest.fixture
+async def tiny_engine(tiny_model_path):
+    """The tiny model on the HF engine (per test: its batching task lives on the test's event loop)."""
+    from verl_agent.rollout.hf_engine import HFEngine
+
+    engine = HFEngine(str(tiny_model_path), device="cpu", max_batch_size=16)
+    yield engine
+    await engine.close()
