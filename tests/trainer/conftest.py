@@ -42,7 +42,8 @@ def calc_tools(tmp_path_factory) -> Path:
     from verl_agent.models.calculator_task import CALCULATOR_TOOL_SCHEMA
 
     path = tmp_path_factory.mktemp("tools") / "tools.yaml"
-    entry = {"class_name": "verl_agent.tools.calculator.CalculatorTool", "config": {}, "tool_schema": CALCULATOR_TOOL_SCHEMA}
+    entry = {"class_name": "verl_agent.tools.calculator.CalculatorTool", "config": {},
+             "tool_schema": CALCULATOR_TOOL_SCHEMA}
     path.write_text(yaml.safe_dump({"tools": [entry]}))
     return path
 
@@ -72,7 +73,9 @@ def make_cfg(tiny_model_path, calc_data, calc_tools, tmp_path):
 @pytest.fixture(scope="session")
 def dev_model_path(request):
     """A model whose weights do not matter (mechanics tests): $VERL_AGENT_DEV_MODEL or the tiny model."""
-    return Path(os.environ["VERL_AGENT_DEV_MODEL"]) if os.environ.get("VERL_AGENT_DEV_MODEL") else request.getfixturevalue("tiny_model_path")
+    if os.environ.get("VERL_AGENT_DEV_MODEL"):
+        return Path(os.environ["VERL_AGENT_DEV_MODEL"])
+    return request.getfixturevalue("tiny_model_path")
 
 
 @pytest.fixture

@@ -31,15 +31,17 @@ def _update_and_export(cfg, seqs, out_dir, world: int):
 
 
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
-def test_two_ranks_with_micro_batches_equal_one_process(ray_cluster, make_cfg, dev_model_path, tmp_path, loss_agg_mode, random_seqs):
+def test_two_ranks_with_micro_batches_equal_one_process(ray_cluster, make_cfg, dev_model_path, tmp_path,
+                                                        loss_agg_mode, random_seqs):
     from transformers import AutoModelForCausalLM
 
     common = [f"actor_rollout_ref.model.path={dev_model_path}", "actor_rollout_ref.actor.optim.lr=1e-3",
               f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode}", "actor_rollout_ref.actor.grad_clip=100.0"]
-    one = _update_and_export(make_cfg(*common, "trainer.num_cpu_workers=1", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100000"),
-                             random_seqs(7, 300), tmp_path / "one", 1)
-    two = _update_and_export(make_cfg(*common, "trainer.num_cpu_workers=2", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40"),
-                             random_seqs(7, 300), tmp_path / "two", 2)
+    budget = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    one = _update_and_export(make_cfg(*common, "trainer.num_cpu_workers=1", f"{budget}=100000"),
+                             random_seqs(7, 300), tmp_path / "one", 1)  # one rank, one micro-batch
+    two = _update_and_export(make_cfg(*common, "trainer.num_cpu_workers=2", f"{budget}=40"),
+                             random_seqs(7, 300), tmp_path / "two", 2)  # two ranks, several uneven micro-batches
     assert two[0]["grad_norm"] == pytest.approx(one[0]["grad_norm"], rel=1e-5)
     assert sum(m["pg_loss"] for m in two) / 2 == pytest.approx(one[0]["pg_loss"], rel=1e-5, abs=1e-7)
     a = AutoModelForCausalLM.from_pretrained(tmp_path / "one").state_dict()

@@ -171,7 +171,8 @@ def update_critic(critic: nn.Module, optimizer: torch.optim.Optimizer, seqs: lis
 
 
 def _finish(sums: dict[str, float]) -> dict[str, float]:
-    """Loss terms were normalised globally: their sum over micro-batches is this rank's share; ratios are token-weighted."""
+    """Loss terms were normalised globally, so their sum over micro-batches is this rank's share;
+    ratios are token-weighted."""
     steps, tokens = max(sums.pop("_steps", 1), 1), max(sums.pop("_tokens", 0), 1)
     out = {}
     for k, v in sums.items():

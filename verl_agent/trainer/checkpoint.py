@@ -64,7 +64,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         path = root / f"global_step_{latest.read_text().strip()}"
         if (path / "driver_state.json").is_file():
             return path
-    done = [p for p in root.glob("global_step_*") if not p.name.endswith(".tmp") and (p / "driver_state.json").is_file()]
+    done = [p for p in root.glob("global_step_*")
+            if not p.name.endswith(".tmp") and (p / "driver_state.json").is_file()]
     return max(done, key=lambda p: int(p.name.rsplit("_", 1)[1]), default=None)
 
 

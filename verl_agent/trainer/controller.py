@@ -91,7 +91,8 @@ class WorkerGroup:
             raise ValueError(f"trainer.num_cpu_workers={t.num_cpu_workers} must be a positive multiple of "
                              f"trainer.nnodes={t.nnodes}")
         bundle = {"CPU": per_node} if gpus == 0 else {"GPU": per_node, "CPU": per_node}
-        pg = placement_group([dict(bundle) for _ in range(t.nnodes)], strategy="STRICT_SPREAD" if t.nnodes > 1 else "PACK")
+        strategy = "STRICT_SPREAD" if t.nnodes > 1 else "PACK"
+        pg = placement_group([dict(bundle) for _ in range(t.nnodes)], strategy=strategy)
         ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
         if not ready:
             remove_placement_group(pg)

@@ -32,7 +32,8 @@ def attach(shards: list[list[TrainSeq]], outputs: list[list[dict]]) -> None:
     """Store compute_log_probs results (old/ref log-probs, values, entropy) on the sequences."""
     for seqs, outs in zip(shards, outputs):
         for s, o in zip(seqs, outs):
-            s.old_log_probs, s.ref_log_probs, s.old_values = o["old_log_probs"], o.get("ref_log_probs"), o.get("old_values")
+            s.old_log_probs, s.ref_log_probs = o["old_log_probs"], o.get("ref_log_probs")
+            s.old_values = o.get("old_values")
             s.extra["entropy"] = o["entropy"]
 
 
@@ -47,7 +48,8 @@ def assign_advantages(seqs: list[TrainSeq], algo) -> dict[str, float]:
     if algo.use_kl_in_reward:
         if seqs[0].ref_log_probs is None:
             raise ValueError("algorithm.use_kl_in_reward needs reference log-probs (the worker builds a ref model)")
-        kl = kl_penalty(pad_field([s.old_log_probs for s in seqs]), pad_field([s.ref_log_probs for s in seqs]), algo.kl_penalty)
+        old, ref = pad_field([s.old_log_probs for s in seqs]), pad_field([s.ref_log_probs for s in seqs])
+        kl = kl_penalty(old, ref, algo.kl_penalty)
         token_rewards = apply_kl_in_reward(token_rewards, kl, algo.kl_ctrl.kl_coef, mask)
         metrics["reward/kl_penalty"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
     values = pad_field([s.old_values for s in seqs]) if algo.adv_estimator == "gae" else None
@@ -78,10 +80,11 @@ def train_metrics(seqs: list[TrainSeq]) -> dict[str, float]:
     tokens = sum(float(s.loss_mask.sum()) for s in seqs) or 1.0
     wsum = lambda f: sum(float((f(s) * s.loss_mask).sum()) for s in seqs) / tokens  # noqa: E731
     out = {"actor/entropy": wsum(lambda s: s.extra["entropy"])}
-    diffs = [((s.rollout_log_probs - s.old_log_probs).abs() * s.loss_mask) for s in seqs if s.rollout_log_probs is not None]
-    if diffs:
+    diffs = [((s.rollout_log_probs - s.old_log_probs).abs() * s.loss_mask)
+             for s in seqs if s.rollout_log_probs is not None and s.response_len]
+    if diffs:  # engine vs actor on the same tokens: a health check of the weight sync
         out["rollout/actor_logprob_diff_mean"] = sum(float(d.sum()) for d in diffs) / tokens
-        out["rollout/actor_logprob_diff_max"] = max(float(d.max()) for d in diffs if d.numel()) if any(d.numel() for d in diffs) else 0.0
+        out["rollout/actor_logprob_diff_max"] = max(float(d.max()) for d in diffs)
     if seqs[0].ref_log_probs is not None:
         out["actor/kl"] = wsum(lambda s: kl_penalty(s.old_log_probs, s.ref_log_probs, "low_var_kl"))
     return out

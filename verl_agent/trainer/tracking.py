@@ -61,7 +61,8 @@ class Tracker:
             self.tb = SummaryWriter(str(self.tb_dir))
         unknown = set(loggers) - {"console", "tensorboard"}
         if unknown:
-            logger.warning("trainer.logger: ignoring unsupported loggers %s (supported: console, tensorboard)", sorted(unknown))
+            logger.warning("trainer.logger: ignoring unsupported loggers %s (supported: console, tensorboard)",
+                           sorted(unknown))
         if not append and self.path.exists():
             self.path.unlink()
 

@@ -28,7 +28,9 @@ import torch
 import torch.distributed as dist
 
 from verl_agent.trainer import checkpoint as ckpt
-from verl_agent.trainer.actor import MicroBatching, forward_log_probs, forward_values, micro_batches, update_actor, update_critic
+from verl_agent.trainer.actor import (
+    MicroBatching, forward_log_probs, forward_values, micro_batches, update_actor, update_critic,
+)
 from verl_agent.trainer.batch import TrainSeq
 from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, resolve_model_path, shard
 
@@ -95,7 +97,10 @@ class TrainWorker:
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         torch.manual_seed(cfg.trainer.seed)
         self.model_path = resolve_model_path(arr.model.path)
-        build = lambda ckpt_flag: load_causal_lm(self.model_path, arr.model.dtype, ckpt_flag).to(self.device)  # noqa: E731
+
+        def build(grad_ckpt: bool) -> torch.nn.Module:
+            return load_causal_lm(self.model_path, arr.model.dtype, grad_ckpt).to(self.device)
+
         self.actor = shard(build(arr.model.enable_gradient_checkpointing), self.mesh, self.device.type,
                            arr.actor.fsdp_config.reshard_after_forward)
         self.optim, self.sched = self._optimizer(self.actor, arr.actor.optim)
@@ -144,7 +149,8 @@ class TrainWorker:
         mt = arr.rollout.multi_turn
         spec = reward_spec(self.cfg)
         self.reward_timer = _TimedReward(load_reward_fn(spec)) if spec else None
-        self.agent = AgentLoop(self.engine, tok, arr.rollout, tools=load_tools(mt.tool_config_path) if mt.enable else {},
+        tools = load_tools(mt.tool_config_path) if mt.enable else {}
+        self.agent = AgentLoop(self.engine, tok, arr.rollout, tools=tools,
                                interactions=load_interactions(mt.interaction_config_path),
                                reward_fn=self.reward_timer,
                                max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length)
@@ -279,7 +285,8 @@ class TrainWorker:
         tmp = Path(f"{path}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(self.cfg.actor_rollout_ref.model.tokenizer_path or self.model_path).save_pretrained(tmp)
+        tok_path = self.cfg.actor_rollout_ref.model.tokenizer_path or self.model_path
+        AutoTokenizer.from_pretrained(tok_path).save_pretrained(tmp)
         shutil.rmtree(path, ignore_errors=True)
         os.rename(tmp, path)  # a reader never sees a half-written export
         return path
