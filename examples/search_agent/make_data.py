@@ -29,8 +29,8 @@ def world(seed: int) -> list[dict]:
     rng = random.Random(f"velmar-{seed}")
     firsts, lasts = rng.sample(FIRST, len(TOWNS)), rng.sample(LAST, len(TOWNS))
     years = rng.sample(range(1100, 1700), len(TOWNS))
-    return [{"town": t, "founder": f"{f} {s}", "year": y, "river": rng.choice(RIVERS), "good": rng.choice(GOODS)}
-            for t, f, s, y in zip(TOWNS, firsts, lasts, years)]
+    return [{"town": t, "founder": f"{f} {s}", "year": y, "river": rng.choice(RIVERS),
+             "good": rng.choice(GOODS)} for t, f, s, y in zip(TOWNS, firsts, lasts, years)]
 
 
 def corpus(towns: list[dict]) -> list[dict]:
@@ -40,7 +40,8 @@ def corpus(towns: list[dict]) -> list[dict]:
                      "text": f"{t['town']} is a town of the Velmar Islands, founded in {t['year']} by {t['founder']}. "
                              f"The {t['river']} river flows through {t['town']}, which is known for its {t['good']}."})
         docs.append({"id": f"person-{t['founder']}", "title": t["founder"],
-                     "text": f"{t['founder']} was a Velmar shipwright and explorer who founded the town of {t['town']}."})
+                     "text": f"{t['founder']} was a Velmar shipwright and explorer who founded the town of "
+                             f"{t['town']}."})
     return docs
 
 

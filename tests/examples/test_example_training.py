@@ -55,7 +55,8 @@ def ray_local(sandbox):
 def test_example_trains_one_step(name, ray_local, sandbox, tiny_model_path, tmp_path):
     extra = []
     if name == "code_interpreter":
-        extra.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools_yaml_with_url(tmp_path, sandbox.url)}")
+        tools = tools_yaml_with_url(tmp_path, sandbox.url)
+        extra.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}")
     cfg = example_config(name, *SMALL, *extra, f"trainer.default_local_dir={tmp_path / 'run'}",
                          model_path=tiny_model_path)
     result = train(cfg)
