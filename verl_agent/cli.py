@@ -98,8 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("model", help="build the embedded tiny model", description="Model utilities.")
     add_model_cli(p.add_subparsers(dest="model_command", metavar="ACTION", required=True))
     from verl_agent.sandbox.cli import add_cli as add_sandbox_cli
+    from verl_agent.sandbox.cli import run_cli as run_sandbox_cli
 
     add_sandbox_cli(sub)
+    sub.choices["sandbox"].set_defaults(func=run_sandbox_cli)
 
     p = sub.add_parser("config", help="show the resolved config or list all keys", epilog=EPILOG_OVERRIDES,
                        formatter_class=fmt)
