@@ -58,8 +58,25 @@ def conversation(problem: dict[str, Any], use_tool: bool, rng: random.Random) ->
         result = format_number(evaluate_expression(problem["expression"]))
         call = ToolCall(name="calculator", arguments={"expression": problem["expression"]})
         msgs += [Message("assistant", "", [call]), Message("tool", result, name="calculator")]
-    msgs.append(Message("assistant", f"The answer is {problem['answer']}."))
+        answer = result
+    else:
+        answer = _mental_math(problem, rng)
+    msgs.append(Message("assistant", f"The answer is {answer}."))
     return msgs
+
+
+def _mental_math(problem: dict[str, Any], rng: random.Random) -> str:
+    """A direct answer as a model this small would give it: right for easy sums, usually off otherwise.
+
+    Training direct answers on the true result would teach the model to guess the arithmetic (it cannot),
+    which competes with copying the calculator's result; a noisy answer leaves copying as the only way to
+    be right, which is the behaviour RL should then reinforce.
+    """
+    true = evaluate_expression(problem["expression"])
+    if rng.random() < 0.15:
+        return format_number(true)
+    off = max(1, int(abs(true) * rng.uniform(0.01, 0.2))) if isinstance(true, int) else abs(true) * 0.1 + 1
+    return format_number(true + rng.choice([-1, 1]) * (off if isinstance(true, int) else round(off, 2)))
 
 
 def encode_conversation(enc: ChatEncoder, msgs: list[Message]) -> tuple[list[int], list[int]]:
