@@ -1,0 +1,63 @@
+"""The `verl-agent` command line: help at every level, config errors, and the verl quick-start run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_agent.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("argv", [[], ["train"], ["rollout"], ["model"], ["model", "build-tiny"], ["sandbox"],
+                                  ["sandbox", "serve"], ["config"], ["view"]])
+def test_help_at_every_level(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--help"])
+    assert e.value.code == 0
+    assert "usage: verl-agent" in capsys.readouterr().out
+
+
+def test_python_dash_m_entry_point():
+    out = subprocess.run([sys.executable, "-m", "verl_agent", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("verl-agent ")
+
+
+def test_config_show_and_keys(capsys):
+    assert main(["config", "show", "data.train_batch_size=3", "trainer.logger=console"]) == 0
+    shown = capsys.readouterr().out
+    assert "train_batch_size: 3" in shown and "- console" in shown
+    assert main(["config", "keys"]) == 0
+    assert "actor_rollout_ref.rollout.multi_turn.max_assistant_turns" in capsys.readouterr().out.split()
+
+
+def test_config_error_exits_2_with_hint(capsys):
+    assert main(["config", "show", "data.train_bach_size=3"]) == 2
+    assert "did you mean 'data.train_batch_size'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_verl_quickstart_command_line_trains(tmp_path, tiny_model_path):
+    """The quick-start command from the verl articles, run from examples/quickstart, 2 real GRPO steps."""
+    cmd = [str(Path(sys.executable).with_name("verl-agent")), "train",
+           "actor_rollout_ref.model.path=tiny", "data.train_file=data/math_sample.jsonl",
+           "data.reward_fn=reward_fn.math_reward_fn", "data.max_prompt_length=64", "data.max_response_length=32",
+           "data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+           "actor_rollout_ref.rollout.n=4", "trainer.total_training_steps=2", "trainer.val_before_train=False",
+           f"trainer.default_local_dir={tmp_path}"]
+    env = {**os.environ, "RAY_TMPDIR": os.environ.get("RAY_TMPDIR", "/tmp")}
+    out = subprocess.run(cmd, cwd=ROOT / "examples" / "quickstart", capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [s for s in steps if "rollout/reward/mean" in s]
+    assert [s["step"] for s in train_steps] == [1, 2], steps
+    assert all(s["rollout/num_trajectories"] == 12 for s in train_steps)  # 3 prompts x n=4
+    assert "reward_fn: reward_fn.math_reward_fn" in (tmp_path / "config.yaml").read_text()
+    assert (tmp_path / "hf_model" / "config.json").exists()
