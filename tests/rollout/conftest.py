@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import torch
+from rollout_helpers import random_qwen2
 
 
 @pytest.fixture(scope="session")
@@ -25,19 +25,6 @@ def rollout_cfg():
     from verl_agent.config import RolloutConfig
 
     return RolloutConfig()
-
-
-def random_qwen2(vocab: int = 96, layers: int = 2, seed: int = 0):
-    """A random Qwen2 built from a config (real transformers code, no download)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        eos_token_id=1, pad_token_id=0, tie_word_embeddings=True,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(cfg).eval()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import torch
-from conftest import random_qwen2
+from rollout_helpers import random_qwen2
 
 from verl_agent.rollout.engine import EngineContractError, SamplingParams, check_engine
 from verl_agent.rollout.hf_engine import EngineClosedError, HFEngine

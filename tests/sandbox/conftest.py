@@ -29,7 +29,7 @@ def free_port() -> int:
 class ServerThread:
     """uvicorn serving a SandboxService on 127.0.0.1:<free port> in a daemon thread."""
 
-    def __init__(self, backend, settings: ServiceSettings, max_body_bytes: int = 8 << 20):
+    def __init__(self, backend, settings: ServiceSettings, max_body_bytes: int = 8 << 20) -> None:
         self.service = SandboxService(backend, settings)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -112,3 +112,9 @@ def run_code(server: ServerThread, code: str, language: str = "python", timeout:
 @pytest.fixture(scope="session")
 def run():
     return run_code
+
+
+@pytest.fixture(scope="session")
+def server_thread_cls() -> type[ServerThread]:
+    """ServerThread for tests that start their own server (`from conftest import` is ambiguous across folders)."""
+    return ServerThread

@@ -41,12 +41,10 @@ def _agent_of(pid: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny_server():
+def tiny_server(server_thread_cls):
     """One worker, one waiting slot: easy to overload."""
-    from conftest import ServerThread
-
     settings = ServiceSettings(pool_size=1, max_queue=1, queue_timeout=20.0, default_memory_mb=256)
-    with ServerThread(ProcessBackend(memory_mb=256, tmpfs_mb=16), settings) as server:
+    with server_thread_cls(ProcessBackend(memory_mb=256, tmpfs_mb=16), settings) as server:
         yield server
 
 

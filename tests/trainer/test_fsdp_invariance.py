@@ -50,6 +50,8 @@ def test_two_ranks_with_micro_batches_equal_one_process(ray_cluster, make_cfg, d
     moved = max(float((a[k] - init[k]).abs().max()) for k in a)
     assert moved > 1e-4  # the update did something
     for k in a:
+        if k.endswith("k_proj.bias"):
+            continue  # its exact gradient is 0 (softmax ignores a per-query constant): Adam amplifies pure fp noise
         # Adam moves each weight by ~lr * g / (|g| + eps): where g ~ eps, fp32 summation-order noise shows up at a
         # few % of lr on single elements, so compare whole tensors. Gradient scale bugs are caught by grad_norm above.
         rel = float((a[k] - b[k]).norm() / (a[k] - init[k]).norm().clamp(min=1e-12))
