@@ -228,6 +228,10 @@ def _print_summary(result: TrainResult, tracker: Tracker | None) -> None:
     b, a = result.val_before.get("val/success_rate"), result.val_after.get("val/success_rate")
     if b is not None and a is not None:
         print(f"held-out success rate: before {b:.1%} -> after {a:.1%} ({(a - b) * 100:+.1f} points)")
+    calls_b, calls_a = result.val_before.get("val/tool_calls_total"), result.val_after.get("val/tool_calls_total")
+    n_b, n_a = result.val_before.get("val/num_trajectories"), result.val_after.get("val/num_trajectories")
+    if calls_b is not None and calls_a is not None and n_b and n_a:  # what tool-use RL changes first
+        print(f"held-out tool calls per problem: before {calls_b / n_b:.2f} -> after {calls_a / n_a:.2f}")
     if tracker is not None:
         print(f"metrics: {tracker.path}" + (f"   tensorboard: {tracker.tb_dir}" if tracker.tb is not None else ""))
     if result.export_dir:
