@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,16 +46,26 @@ def test_config_error_exits_2_with_hint(capsys):
 
 @pytest.mark.slow
 def test_verl_quickstart_command_line_trains(tmp_path, tiny_model_path):
-    """The quick-start command from the verl articles, run from examples/quickstart, 2 real GRPO steps."""
+    """The quick-start command from the verl articles, run from examples/quickstart, 2 real GRPO steps.
+
+    Ray's temp dir holds a stale `ray_current_cluster` (as a dead cluster leaves it): the trainer must
+    start its own local Ray instead of waiting minutes for that cluster's GCS.
+    """
     cmd = [str(Path(sys.executable).with_name("verl-agent")), "train",
            "actor_rollout_ref.model.path=tiny", "data.train_file=data/math_sample.jsonl",
            "data.reward_fn=reward_fn.math_reward_fn", "data.max_prompt_length=64", "data.max_response_length=32",
            "data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
            "actor_rollout_ref.rollout.n=4", "trainer.total_training_steps=2", "trainer.val_before_train=False",
            f"trainer.default_local_dir={tmp_path}"]
-    env = {**os.environ, "RAY_TMPDIR": os.environ.get("RAY_TMPDIR", "/tmp")}
-    out = subprocess.run(cmd, cwd=ROOT / "examples" / "quickstart", capture_output=True, text=True, env=env,
-                         timeout=300)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Unix socket paths max 107 bytes
+    (ray_tmp / "ray").mkdir()
+    (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")  # nothing listens there
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(ray_tmp)}
+    try:
+        out = subprocess.run(cmd, cwd=ROOT / "examples" / "quickstart", capture_output=True, text=True, env=env,
+                             timeout=300)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_steps = [s for s in steps if "rollout/reward/mean" in s]

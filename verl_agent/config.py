@@ -245,7 +245,7 @@ class TrainerConfig(Section):
     nnodes: int = Field(1, ge=1)
     num_cpu_workers: int = Field(2, ge=1, description="FSDP workers when n_gpus_per_node == 0")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    ray_address: str | None = Field(None, description="None: start a local Ray; 'auto': join a running cluster")
+    ray_address: str | None = Field(None, description="None: $RAY_ADDRESS if set, else start a fresh local Ray; 'auto': join a running cluster")
     seed: int = 0
     log_trajectories: bool = True
     critic_warmup: int = 0

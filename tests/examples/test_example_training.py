@@ -43,7 +43,7 @@ def ray_local(sandbox):
     if started:
         mp.setenv("RAY_TMPDIR", os.environ.get("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "ray")))
         mp.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE", "disabled"))
-        ray.init(include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false",
+        ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false",
                                                                     "SANDBOX_FUSION_URL": sandbox.url}})
     yield
     if started:

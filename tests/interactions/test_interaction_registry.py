@@ -93,7 +93,7 @@ def test_default_name_follows_verl(tmp_path, monkeypatch):
             "neither a BaseInteraction",
         ),
         ("interaction: {a: 1}\n", "'interaction' must be a list"),
-        ("tools: []\n", "expected a mapping with an 'interaction' list"),
+        ("tools: []\n", "expected a mapping with a list under 'interaction'"),
         ("interaction: [\n", "invalid YAML"),
     ],
 )

@@ -22,12 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from verl_agent.interactions.base import BaseInteraction
 from verl_agent.interactions.errors import InteractionConfigError
 from verl_agent.interactions.gym import GymInteraction
-from verl_agent.tools.registry import import_object
+from verl_agent.tools.registry import import_object, read_yaml_list
 
 __all__ = ["build_interactions", "load_interactions", "select_interaction"]
 
@@ -98,17 +97,7 @@ def load_interactions(yaml_path: str | Path | None) -> dict[str, Any]:
     if not yaml_path:
         return {}
     path = Path(yaml_path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise InteractionConfigError(f"{path}: cannot read interaction config: {e}") from e
-    except yaml.YAMLError as e:
-        raise InteractionConfigError(f"{path}: invalid YAML: {e}") from e
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping) or "interaction" not in data:
-        raise InteractionConfigError(f"{path}: expected a mapping with an 'interaction' list (verl format)")
-    return build_interactions(data["interaction"] or [], str(path), path.parent)
+    return build_interactions(read_yaml_list(path, "interaction", InteractionConfigError), str(path), path.parent)
 
 
 def select_interaction(interactions: Mapping[str, Any], interaction_kwargs: Mapping[str, Any] | None) -> Any:

@@ -32,7 +32,7 @@ from verl_agent.tools.errors import ToolConfigError
 from verl_agent.tools.function_tool import FunctionTool
 from verl_agent.tools.schema import OpenAIFunctionToolSchema
 
-__all__ = ["build_tools", "import_object", "load_tools"]
+__all__ = ["build_tools", "import_object", "load_tools", "read_yaml_list"]
 
 _ENTRY_KEYS = {"class_name", "config", "tool_schema"}
 
@@ -145,19 +145,24 @@ def build_tools(entries: Any, source: str = "<tools>", base_dir: Path | None = N
     return tools
 
 
+def read_yaml_list(path: Path, key: str, error: type[Exception]) -> list[Any]:
+    """The list under `key` of a verl-format YAML file (empty file or empty list: []); errors name the file."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise error(f"{path}: cannot read: {e}") from e
+    except yaml.YAMLError as e:
+        raise error(f"{path}: invalid YAML: {e}") from e
+    if data is None:
+        return []
+    if not isinstance(data, Mapping) or key not in data:
+        raise error(f"{path}: expected a mapping with a list under {key!r} (verl format)")
+    return data[key] or []
+
+
 def load_tools(yaml_path: str | Path | None) -> dict[str, BaseTool]:
     """Load a verl tool YAML (`tools: [{class_name, config, tool_schema}]`); None or "" gives no tools."""
     if not yaml_path:
         return {}
     path = Path(yaml_path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ToolConfigError(f"{path}: cannot read tool config: {e}") from e
-    except yaml.YAMLError as e:
-        raise ToolConfigError(f"{path}: invalid YAML: {e}") from e
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping) or "tools" not in data:
-        raise ToolConfigError(f"{path}: expected a mapping with a 'tools' list (verl format)")
-    return build_tools(data["tools"] or [], str(path), path.parent)
+    return build_tools(read_yaml_list(path, "tools", ToolConfigError), str(path), path.parent)

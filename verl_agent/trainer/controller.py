@@ -38,12 +38,16 @@ class WorkerFailure(RuntimeError):
 def init_ray(address: str | None) -> bool:
     """Join Ray at `address` ('auto' = a running cluster) or start a local one; True if we started it.
 
-    For a local instance the session dir goes to a short temp path (Unix socket paths are limited
-    to 107 bytes) and token auth is off (FACTS.md).
+    With no address (and no $RAY_ADDRESS) we always start a fresh local instance: Ray's own default
+    would join whatever cluster `/tmp/ray/ray_current_cluster` names, and a stale file left by a dead
+    cluster makes `ray.init()` hang for minutes waiting for its GCS. A local instance's session dir
+    goes to a short temp path (Unix socket paths are limited to 107 bytes) and token auth is off
+    (FACTS.md).
     """
     if ray.is_initialized():
         return False
-    if address is None:
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if address == "local":
         os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "ray"))
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(address=address, include_dashboard=False, log_to_driver=True,
