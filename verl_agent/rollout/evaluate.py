@@ -76,11 +76,9 @@ def build_engine(cfg: Any, model: Any = None, device: str | None = None) -> Engi
             model if model is not None else model_path(cfg.actor_rollout_ref.model.path),
             device=device or pick_device(cfg), dtype=r.dtype, max_batch_size=r.max_batch_size,
         )  # fmt: skip
-    from verl_agent.rollout import sglang_engine
+    from verl_agent.rollout.sglang_engine import SGLangEngine
 
-    if not hasattr(sglang_engine.SGLangEngine, "from_config"):
-        raise NotImplementedError("SGLangEngine.from_config(cfg) is missing: build the SGLang engine yourself")
-    return sglang_engine.SGLangEngine.from_config(cfg)
+    return SGLangEngine.from_config(cfg)
 
 
 def build_agent_loop(cfg: Any, engine: Engine, tokenizer: Any) -> AgentLoop:
