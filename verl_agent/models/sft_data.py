@@ -2,9 +2,11 @@
 
 Two kinds are mixed: the assistant calls the calculator and copies its result
 ("The answer is 449."), or it answers straight away from "mental math", which a
-model this small gets wrong on multi-digit problems. After SFT the policy calls
-the tool only part of the time, so RL has a clear signal: calling the tool
-raises the reward.
+model this small gets wrong on multi-digit problems. Most chats use the tool, so
+the model gets much practice at copying (the expression into the call, the
+result into the answer), but the call-or-answer decision is trained on a
+balanced subset (decision_rates): after SFT the policy calls the tool only part
+of the time, so RL has a clear signal: calling the tool raises the reward.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from verl_agent.models.calculator_task import (
 )
 from verl_agent.protocol import Message, ToolCall
 
-__all__ = ["conversation", "encode_conversation", "tool_variants"]
+__all__ = ["conversation", "decision_rates", "encode_conversation", "tool_variants"]
 
 _DESCRIPTIONS = [
     "Evaluate an arithmetic expression and return the result.",
@@ -79,8 +81,26 @@ def _mental_math(problem: dict[str, Any], rng: random.Random) -> str:
     return format_number(true + rng.choice([-1, 1]) * (off if isinstance(true, int) else round(off, 2)))
 
 
-def encode_conversation(enc: ChatEncoder, msgs: list[Message]) -> tuple[list[int], list[int]]:
-    """Ids and loss mask (1 on assistant tokens) built exactly as the agent loop builds them."""
+def decision_rates(tool_fraction: float, tool_call_prior: float) -> tuple[float, float]:
+    """(p_tool, p_direct): the chance that a tool / direct chat trains its first assistant token.
+
+    That token decides between calling the calculator and answering. Training it on the rates returned
+    here makes the model call with probability `tool_call_prior`, while the skill after the call is
+    trained on every tool chat (`tool_fraction` of them): much copying practice, a modest call rate.
+    """
+    f, p = tool_fraction, tool_call_prior
+    if not (0 < f < 1 and 0 < p < 1):
+        raise ValueError(f"tool_fraction and tool_call_prior must be in (0, 1), got {f} and {p}")
+    if p <= f:
+        return p * (1 - f) / (f * (1 - p)), 1.0
+    return 1.0, f * (1 - p) / (p * (1 - f))
+
+
+def encode_conversation(enc: ChatEncoder, msgs: list[Message], train_decision: bool = True) -> tuple[list[int], list[int]]:
+    """Ids and loss mask (1 on assistant tokens) built exactly as the agent loop builds them.
+
+    `train_decision=False` masks out the first assistant token (call the tool or answer: see decision_rates).
+    """
     first = next(i for i, m in enumerate(msgs) if m.role == "assistant")
     ids = enc.encode_prompt(msgs[:first])
     mask = [0] * len(ids)
@@ -89,6 +109,8 @@ def encode_conversation(enc: ChatEncoder, msgs: list[Message]) -> tuple[list[int
         gen = enc.encode_assistant(msgs[:i], msgs[i])
         ids += gen
         mask += [1] * len(gen)
+        if i == first and not train_decision:
+            mask[len(ids) - len(gen)] = 0
         j = i + 1
         while j < len(msgs) and msgs[j].role != "assistant":
             j += 1

@@ -5,13 +5,14 @@ from __future__ import annotations
 import inspect
 import math
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 
 from verl_agent.chat import ChatEncoder
-from verl_agent.models.sft_data import conversation, encode_conversation, tool_variants
+from verl_agent.models.sft_data import conversation, decision_rates, encode_conversation, tool_variants
 from verl_agent.models.tokenizer import train_tokenizer
 
 if TYPE_CHECKING:
@@ -30,13 +31,18 @@ def make_dataset(problems: list[dict[str, Any]], s: TinySettings, seed: int) -> 
     """Train the tokenizer on the rendered chats, then encode them as (ids, loss mask) grouped by system turn."""
     rng = random.Random(seed)
     variants = tool_variants()
-    chats = [(rng.randrange(len(variants)), conversation(p, rng.random() < s.tool_fraction, rng)) for p in problems]
+    p_tool, p_direct = decision_rates(s.tool_fraction, s.tool_call_prior)
+    chats = []
+    for p in problems:
+        use_tool = rng.random() < s.tool_fraction
+        train_decision = rng.random() < (p_tool if use_tool else p_direct)
+        chats.append((rng.randrange(len(variants)), conversation(p, use_tool, rng), train_decision))
     boot = train_tokenizer(_EXTRA_TEXT, vocab_size=300)  # only its chat template is used, to render text
     boot_encs = [ChatEncoder(boot, tools=v) for v in variants]
-    corpus = [boot_encs[v].render(msgs, add_generation_prompt=False) for v, msgs in chats[:2000]] + _EXTRA_TEXT * 20
+    corpus = [boot_encs[v].render(msgs, add_generation_prompt=False) for v, msgs, _ in chats[:2000]] + _EXTRA_TEXT * 20
     tokenizer = train_tokenizer(corpus, vocab_size=s.vocab_size)
     encs = [ChatEncoder(tokenizer, tools=v) for v in variants]
-    data = [encode_conversation(encs[v], msgs) for v, msgs in chats]
+    data = [encode_conversation(encs[v], msgs, train) for v, msgs, train in chats]
     return tokenizer, group_by_prefix(data, tokenizer.convert_tokens_to_ids("<|im_end|>"))
 
 
@@ -83,8 +89,12 @@ def shared_prefix_loss(model: Any, prefix: list[int], rows: list[tuple[list[int]
     return model(input_ids=ids, attention_mask=full_att, labels=labels, **{key: cache}).loss
 
 
-def train(model: Any, groups: Groups, s: TinySettings, seed: int) -> list[float]:
-    """AdamW with warmup + cosine decay on assistant tokens only; returns the loss per step."""
+def train(model: Any, groups: Groups, s: TinySettings, seed: int,
+          on_step: Callable[[int, list[float]], None] | None = None) -> list[float]:
+    """AdamW with warmup + cosine decay on assistant tokens only; returns the loss per step.
+
+    `on_step(step, losses)` runs after every update (1-based step), e.g. to evaluate along the way.
+    """
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.01, betas=(0.9, 0.98))
 
@@ -109,5 +119,7 @@ def train(model: Any, groups: Groups, s: TinySettings, seed: int) -> list[float]
         sched.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        if on_step is not None:
+            on_step(len(losses), losses)
     model.eval()
     return losses

@@ -35,22 +35,30 @@ INFO_FILE = "build_info.json"
 
 @dataclasses.dataclass(frozen=True)
 class TinySettings:
-    """Everything that determines the built model; its hash names the cache folder."""
+    """Everything that determines the built model; its hash names the cache folder.
 
-    recipe_version: int = 2
+    Recipe 3 (2026-12-03) vs 2: 4x more distinct problems (with 4000 the model memorised instead of
+    learning to copy), 8 attention heads instead of 4 (2 KV), a narrower MLP, 80 % tool chats with the
+    call decision trained towards 40 % (decision_rates). Measured on 256 held-out problems at
+    temperature 1: recipe 2 called the tool in 55 % and never copied an expression right; recipe 3
+    calls in 50 % and gets 91 % of its calls fully right. scripts/tiny_sft_curve.py compares recipes.
+    """
+
+    recipe_version: int = 3
     vocab_size: int = 1024
     hidden_size: int = 128
     num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 512
-    n_train_problems: int = 4000
-    tool_fraction: float = 0.5  # share of SFT chats that call the calculator
-    steps: int = 1500  # copying the tool's result emerges late: 600 steps x 32 never learned it
-    batch_size: int = 64
+    num_heads: int = 8  # with 4 heads, expressions were copied right in only 16-60 % of calls (2 builds)
+    num_kv_heads: int = 8
+    intermediate_size: int = 256
+    n_train_problems: int = 16000
+    tool_fraction: float = 0.8  # share of SFT chats that call the calculator (copying practice)
+    tool_call_prior: float = 0.4  # call rate the call-or-answer decision is trained towards
+    steps: int = 2000  # copying emerges after ~500 steps and still improves at 1500
+    batch_size: int = 48
     lr: float = 3e-3
     warmup_steps: int = 30
-    n_eval_problems: int = 64
+    n_eval_problems: int = 128
     eval_temperature: float = 1.0  # rates are measured as RL samples: temperature 1
 
     def key(self, seed: int) -> str:
