@@ -154,10 +154,11 @@ class ValKwargsConfig(Section):
 
 
 class SGLangConfig(Section):
-    url: str | None = Field(None, description="existing SGLang server; None: launch one")
+    url: str | None = Field(None, description="existing SGLang server (rollout CLI); None: launch one")
     python: str | None = Field(None, description="interpreter of the SGLang environment")
-    port: int = 30000
-    extra_args: list[str] = Field(default_factory=list)
+    port: int = Field(30000, description="port of a server the rollout CLI launches (the trainer picks free ports)")
+    extra_args: list[str] = Field(default_factory=list, description="appended to `python -m sglang.launch_server`")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of a launched server")
 
 
 class RolloutConfig(Section):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_sglang_env import sglang_python
+from sglang_cpu import sglang_python
 
 from verl_agent.rollout import sglang_engine as se
 from verl_agent.rollout.engine import SamplingParams

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from test_sglang_env import CPU_ARGS, CPU_ENV, sglang_python
+from sglang_cpu import CPU_ARGS, CPU_ENV, sglang_python
 from verl_agent.rollout.engine import SamplingParams, check_output
 from verl_agent.rollout.sglang_engine import SGLangEngine
 

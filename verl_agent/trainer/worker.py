@@ -1,7 +1,8 @@
 """`TrainWorker`: one Ray actor per rank, holding the FSDP2 actor (+ ref, + critic) and an engine replica.
 
 Hybrid engine: the engine is a separate plain copy of the policy on the same
-device. After every update `sync_weights` all-gathers the sharded parameters
+device (an HFEngine in this process, or this rank's own SGLang server with
+`actor_rollout_ref.rollout.name=sglang`). After every update `sync_weights` all-gathers the sharded parameters
 bucket by bucket (`DTensor.full_tensor`) and copies them into the engine in
 memory; no file is written. The engine sleeps (drops its caches, and on GPU
 moves its weights off the device) during training and wakes up before the
@@ -139,12 +140,12 @@ class TrainWorker:
         from verl_agent.tools import load_tools
 
         arr, data = self.cfg.actor_rollout_ref, self.cfg.data
-        if arr.rollout.name != "hf":
-            raise NotImplementedError(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: the trainer's hybrid "
-                                      "engine supports 'hf' only so far")
-        replica = load_causal_lm(self.model_path, arr.rollout.dtype or arr.model.dtype)
-        self.engine = HFEngine(replica, device=str(self.device), max_batch_size=arr.rollout.max_batch_size,
-                               seed=self.cfg.trainer.seed + self.rank)
+        if arr.rollout.name == "sglang":
+            self.engine = self._launch_sglang()
+        else:
+            replica = load_causal_lm(self.model_path, arr.rollout.dtype or arr.model.dtype)
+            self.engine = HFEngine(replica, device=str(self.device), max_batch_size=arr.rollout.max_batch_size,
+                                   seed=self.cfg.trainer.seed + self.rank)
         tok = AutoTokenizer.from_pretrained(arr.model.tokenizer_path or self.model_path)
         mt = arr.rollout.multi_turn
         spec = reward_spec(self.cfg)
@@ -154,6 +155,24 @@ class TrainWorker:
                                interactions=load_interactions(mt.interaction_config_path),
                                reward_fn=self.reward_timer,
                                max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length)
+
+    def _launch_sglang(self) -> Any:
+        """This rank's own SGLang server on this rank's device (Ray sets CUDA_VISIBLE_DEVICES), on a free port.
+
+        A server URL in the config is refused: every rank pushes its weights into its own replica.
+        """
+        from verl_agent.rollout.sglang_engine import SGLangEngine
+
+        r = self.cfg.actor_rollout_ref.rollout
+        if r.sglang.url:
+            raise ValueError("actor_rollout_ref.rollout.sglang.url is for `verl-agent rollout`: the trainer launches "
+                             "one SGLang server per worker (leave url unset)")
+        extra = list(r.sglang.extra_args)  # on GPU add --enable-memory-saver so that sleep() frees memory
+        if "--mem-fraction-static" not in extra:
+            extra += ["--mem-fraction-static", str(r.gpu_memory_utilization)]
+        engine = SGLangEngine(model_path=self.model_path, python=r.sglang.python, extra_args=extra, env=r.sglang.env)
+        self._loop.run_until_complete(engine.start())
+        return engine
 
     # -- rollout -------------------------------------------------------------------------------
 
