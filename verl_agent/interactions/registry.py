@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
 from verl_agent.interactions.base import BaseInteraction
 from verl_agent.interactions.errors import InteractionConfigError
 from verl_agent.interactions.gym import GymInteraction
