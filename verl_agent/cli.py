@@ -65,7 +65,15 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_view(args: argparse.Namespace) -> int:
     from verl_agent.rollout.records import print_records
 
-    print_records(args.path, limit=args.limit, only_failed=args.failed)
+    try:
+        print_records(args.path, limit=args.limit, only_failed=args.failed)
+    except FileNotFoundError:
+        print(f"verl-agent view: error: {args.path}: no such file (a run writes <run dir>/trajectories/step_N.jsonl)",
+              file=sys.stderr)
+        return 2
+    except (ValueError, UnicodeDecodeError, IsADirectoryError) as e:
+        print(f"verl-agent view: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -5,8 +5,9 @@
 Every section is a small pydantic model that forbids unknown keys, so a typo fails fast with the closest
 valid key named (`ConfigError`). Keys follow verl wherever the concept is the same, so a verl user's
 command line (`actor_rollout_ref.actor.optim.lr=1e-6 algorithm.adv_estimator=grpo ...`) reads as-is.
-Keys that verl needs for its own machinery and that mean nothing here (e.g. `tensor_model_parallel_size`,
-`gpu_memory_utilization`) are accepted so such command lines parse, and documented as ignored.
+Every key works or is refused: verl keys whose machinery does not exist here (e.g. `rollout.mode=sync`,
+`tensor_model_parallel_size=2`, HSDP via `fsdp_size`) parse at their default values, and a non-default
+value is a `ConfigError` naming the key and what to use instead (`_refuse_unimplemented`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class DataConfig(Section):
     val_file: str | None = Field(None, description="single validation file (quick-start spelling of val_files)")
     train_batch_size: int = Field(8, ge=1, description="prompts per training step")
     val_batch_size: int | None = Field(None, description="prompts per validation batch (None: whole set)")
-    max_prompt_length: int = Field(512, ge=1, description="prompt token budget; longer prompts are an error")
+    max_prompt_length: int = Field(512, ge=1, description="prompt token budget (tool schemas included); "
+                                   "longer prompts: see filter_overlong_prompts and truncation")
     max_response_length: int = Field(256, ge=1, description="response token budget over all turns")
     reward_fn: str | None = Field(None, description="'module.func' or 'path/file.py:func'")
     prompt_key: str = "prompt"
@@ -46,9 +48,12 @@ class DataConfig(Section):
     shuffle: bool = True
     seed: int = 0
     skip_bad_rows: bool = Field(False, description="skip malformed rows (counted and reported) instead of failing")
-    filter_overlong_prompts: bool = Field(False, description="drop prompts over max_prompt_length (counted)")
-    return_raw_chat: bool = Field(True, description="accepted for verl compatibility; messages are always kept")
-    truncation: Literal["error", "left", "right"] = "error"
+    filter_overlong_prompts: bool = Field(False, description="drop prompts over max_prompt_length before "
+                                          "generation (outcome 'filtered', counted as rollout/filtered)")
+    return_raw_chat: bool = Field(True, description="verl's key; messages are always kept (false is refused)")
+    truncation: Literal["error", "left", "right"] = Field(
+        "error", description="prompts over max_prompt_length: error (an infrastructure failure naming the prompt), "
+        "or cut the left/right side of the prompt tokens")
 
     @model_validator(mode="after")
     def _merge_single_files(self) -> DataConfig:
@@ -71,10 +76,10 @@ class ModelConfig(Section):
     path: str = Field("tiny", description="HF model id or local path; 'tiny' = the embedded tiny model")
     tokenizer_path: str | None = None
     enable_gradient_checkpointing: bool = False
-    trust_remote_code: bool = False
-    use_remove_padding: bool = Field(True, description="pack sequences (no padding compute)")
+    trust_remote_code: bool = Field(False, description="passed to transformers when loading model and tokenizer")
+    use_remove_padding: bool = Field(True, description="sequences are always packed (false is refused)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    external_lib: str | None = None
+    external_lib: str | None = Field(None, description="module imported before the model is loaded (custom models)")
 
 
 class OptimConfig(Section):
@@ -93,10 +98,11 @@ class PolicyLossConfig(Section):
 
 
 class FSDPConfig(Section):
-    param_offload: bool = False
-    optimizer_offload: bool = False
+    param_offload: bool = Field(False, description="GPU only: FSDP2 CPUOffloadPolicy (params, grads and optimizer "
+                                "state live on CPU; the optimizer steps there)")
+    optimizer_offload: bool = Field(False, description="needs param_offload: FSDP2 offloads all three together")
     reshard_after_forward: bool = True
-    fsdp_size: int = -1
+    fsdp_size: int = Field(-1, description="-1: shard over all workers (HSDP with smaller groups is refused)")
 
 
 class ActorConfig(Section):
@@ -107,6 +113,10 @@ class ActorConfig(Section):
     use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = Field(4096, ge=1, description="token budget of one micro-batch")
     ppo_epochs: int = Field(1, ge=1)
+    old_log_prob_source: Literal["auto", "actor", "rollout"] = Field(
+        "auto", description="PPO's old log-probs. auto: the actor's current ones, detached, when the batch is "
+        "trained on-policy (ppo_epochs 1, one mini-batch: no separate forward), else a forward pass of the actor; "
+        "actor: always that forward pass; rollout: the engine's log-probs (no forward)")
     grad_clip: float = 1.0
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
@@ -122,12 +132,12 @@ class ActorConfig(Section):
     policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
-    shuffle: bool = False
+    shuffle: bool = Field(False, description="shuffle a rank's sequences before cutting mini-batches (seeded)")
 
 
 class RefConfig(Section):
-    log_prob_micro_batch_size_per_gpu: int | None = None
-    log_prob_micro_batch_size: int | None = None
+    log_prob_micro_batch_size_per_gpu: int | None = Field(None, ge=1, description="as rollout's, for the ref model")
+    log_prob_micro_batch_size: int | None = Field(None, description="verl's deprecated global size (refused)")
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
@@ -163,21 +173,34 @@ class SGLangConfig(Section):
 
 class RolloutConfig(Section):
     name: Literal["hf", "sglang"] = "hf"
-    mode: Literal["sync", "async"] = "async"
+    mode: Literal["sync", "async"] = Field("async", description="trajectories always run concurrently (sync is refused)")
     n: int = Field(1, ge=1, description="trajectories per prompt (GRPO group size)")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = -1
     do_sample: bool = True
-    max_batch_size: int = Field(64, ge=1, description="hf engine: requests decoded together")
-    prompt_length: int | None = None
-    response_length: int | None = None
+    max_batch_size: int = Field(64, ge=1, description="hf engine: requests decoded together (batch scheduler; "
+                                "the continuous scheduler's slots when max_num_seqs is unset)")
+    scheduler: Literal["continuous", "batch"] = Field(
+        "continuous", description="hf engine: continuous batching with per-session KV reuse, or per-batch")
+    max_num_seqs: int | None = Field(None, ge=1, description="hf continuous: sequences holding a KV slot at once "
+                                     "(default: max_batch_size)")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="hf continuous: prompt tokens per prefill chunk")
+    max_model_len: int | None = Field(None, ge=2, description="hf continuous: tokens one KV slot holds "
+                                      "(default: the model's limit, at most 4096)")
+    prompt_length: int | None = Field(None, description="verl's copy of data.max_prompt_length (must match)")
+    response_length: int | None = Field(None, description="verl's copy of data.max_response_length (must match)")
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    log_prob_micro_batch_size_per_gpu: int | None = None
-    log_prob_micro_batch_size: int | None = None
-    tensor_model_parallel_size: int = Field(1, description="accepted for verl compatibility; ignored by hf")
-    gpu_memory_utilization: float = Field(0.5, description="accepted for verl compatibility; used by sglang")
-    free_cache_engine: bool = True
+    log_prob_micro_batch_size_per_gpu: int | None = Field(
+        None, ge=1, description="sequences per log-prob micro-batch when actor.use_dynamic_bsz=false "
+        "(default: actor.ppo_micro_batch_size_per_gpu)")
+    log_prob_micro_batch_size: int | None = Field(None, description="verl's deprecated global size (refused)")
+    tensor_model_parallel_size: int = Field(1, description="one engine replica per worker (values > 1 refused)")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of device memory (host RAM on CPU) "
+                                          "for weights + KV cache: hf continuous sizes its KV slots by it; "
+                                          "sglang's --mem-fraction-static")
+    free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
+                                    "the actor trains")
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     val_kwargs: ValKwargsConfig = Field(default_factory=ValKwargsConfig)
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
@@ -200,23 +223,29 @@ class CriticModelConfig(Section):
 class CriticConfig(Section):
     model: CriticModelConfig = Field(default_factory=CriticModelConfig)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_micro_batch_size_per_gpu: int = 4
-    ppo_micro_batch_size: int | None = None
+    ppo_micro_batch_size_per_gpu: int = Field(4, ge=1, description="critic micro-batch when use_dynamic_bsz=false")
+    ppo_micro_batch_size: int | None = Field(None, description="verl's deprecated global size (refused)")
     cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
     ppo_epochs: int | None = None
 
 
 class KLCtrlConfig(Section):
+    """Coefficient of the KL penalty in the reward (algorithm.use_kl_in_reward); adaptive = verl's controller."""
+
     type: Literal["fixed", "adaptive"] = "fixed"
-    kl_coef: float = 0.001
-    target_kl: float = 0.1
-    horizon: int = 10000
+    kl_coef: float = Field(0.001, ge=0)
+    target_kl: float = Field(0.1, gt=0)
+    horizon: int = Field(10000, ge=1)
 
 
 class FilterGroupsConfig(Section):
     enable: bool = False
-    metric: str = "score"
+    metric: Literal["score", "seq_reward", "seq_final_reward", "acc"] = Field(
+        "score", description="what must differ within a group to keep it: score/seq_reward (the reward), "
+        "seq_final_reward (reward minus the in-reward KL penalty), acc (success: reward >= 1)")
 
 
 class AlgorithmConfig(Section):
@@ -248,7 +277,11 @@ class TrainerConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     ray_address: str | None = Field(None, description="None: $RAY_ADDRESS if set, else start a fresh local Ray; 'auto': join a running cluster")
     seed: int = 0
-    log_trajectories: bool = True
+    log_trajectories: bool = Field(True, description="write every step's trajectories to "
+                                   "<run dir>/trajectories/step_N.jsonl (verl-agent view reads them)")
+    max_infra_failure_fraction: float = Field(
+        0.2, ge=0, le=1, description="stop the run when more than this share of a step's trajectories failed "
+        "for infrastructure reasons (engine, sandbox, tool crash, reward fn, interaction)")
     critic_warmup: int = 0
 
     @model_validator(mode="before")
@@ -270,6 +303,62 @@ class RunConfig(Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.trainer.default_local_dir)
+
+    @property
+    def world_size(self) -> int:
+        t = self.trainer
+        return t.n_gpus_per_node * t.nnodes if t.n_gpus_per_node > 0 else t.num_cpu_workers
+
+    @model_validator(mode="after")
+    def _refuse_unimplemented(self) -> RunConfig:
+        problems = [f"{key}={value!r}: {hint}" for key, value, hint in _unimplemented(self)]
+        if problems:
+            raise ValueError("not implemented here:\n  " + "\n  ".join(problems))
+        return self
+
+
+def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
+    """(key, value, what to use instead) for every non-default value whose machinery does not exist here."""
+    arr, a, d = c.actor_rollout_ref, c.algorithm, c.data
+    r, out = arr.rollout, []
+
+    def refuse(when: bool, key: str, value: Any, hint: str) -> None:
+        if when:
+            out.append((key, value, hint))
+
+    refuse(r.mode != "async", "actor_rollout_ref.rollout.mode", r.mode,
+           "the agent loop always runs trajectories concurrently; leave it at async")
+    refuse(not arr.hybrid_engine, "actor_rollout_ref.hybrid_engine", False,
+           "only the colocated hybrid engine exists (engine and actor share each worker)")
+    refuse(r.tensor_model_parallel_size != 1, "actor_rollout_ref.rollout.tensor_model_parallel_size",
+           r.tensor_model_parallel_size, "each worker runs one engine replica; use 1")
+    refuse(not arr.model.use_remove_padding, "actor_rollout_ref.model.use_remove_padding", False,
+           "sequences are always packed without padding; leave it true")
+    refuse(not d.return_raw_chat, "data.return_raw_chat", False, "the agent loop always keeps the chat messages")
+    for key, value in [("actor_rollout_ref.actor.ppo_micro_batch_size", arr.actor.ppo_micro_batch_size),
+                       ("actor_rollout_ref.rollout.log_prob_micro_batch_size", r.log_prob_micro_batch_size),
+                       ("actor_rollout_ref.ref.log_prob_micro_batch_size", arr.ref.log_prob_micro_batch_size),
+                       ("critic.ppo_micro_batch_size", c.critic.ppo_micro_batch_size)]:
+        refuse(value is not None, key, value, f"verl's deprecated global size; use {key}_per_gpu")
+    refuse(a.kl_ctrl != KLCtrlConfig() and not a.use_kl_in_reward, "algorithm.kl_ctrl", a.kl_ctrl.model_dump(),
+           "kl_ctrl sets the in-reward KL penalty: set algorithm.use_kl_in_reward=true (or use "
+           "actor_rollout_ref.actor.use_kl_loss with kl_loss_coef)")
+    refuse(r.prompt_length is not None and r.prompt_length != d.max_prompt_length,
+           "actor_rollout_ref.rollout.prompt_length", r.prompt_length, "set data.max_prompt_length instead")
+    refuse(r.response_length is not None and r.response_length != d.max_response_length,
+           "actor_rollout_ref.rollout.response_length", r.response_length, "set data.max_response_length instead")
+    gpu = c.trainer.n_gpus_per_node > 0 and c.trainer.device != "cpu"
+    for name, fsdp in [("actor", arr.actor.fsdp_config), ("ref", arr.ref.fsdp_config)]:
+        key = f"actor_rollout_ref.{name}.fsdp_config"
+        refuse(fsdp.fsdp_size not in (-1, c.world_size), f"{key}.fsdp_size", fsdp.fsdp_size,
+               f"HSDP is not implemented: use -1 (shard over all {c.world_size} workers)")
+        refuse(fsdp.param_offload and not gpu, f"{key}.param_offload", True,
+               "FSDP2 CPU offload needs GPU workers (trainer.n_gpus_per_node > 0); on CPU everything is on CPU")
+        refuse(fsdp.optimizer_offload and not fsdp.param_offload, f"{key}.optimizer_offload", True,
+               "FSDP2 offloads parameters, gradients and optimizer state together: set param_offload=true")
+    refuse(bool(set(c.trainer.logger) - {"console", "tensorboard"}), "trainer.logger", c.trainer.logger,
+           "supported loggers: console, tensorboard (metrics.jsonl is always written)")
+    return out
 
 
 # ---------------------------------------------------------------- loading
@@ -337,6 +426,8 @@ def _format_errors(err: ValidationError, tree: dict) -> str:
                 close = difflib.get_close_matches(loc, names, n=1, cutoff=0.0)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             lines.append(f"unknown key {loc!r}{hint}")
+        elif not loc:  # a whole-config rule (_refuse_unimplemented): its message names the keys
+            lines.append(str(e["msg"]).removeprefix("Value error, "))
         else:
             value = e.get("input")
             lines.append(f"{loc}={value!r}: {e['msg']}")

@@ -22,8 +22,21 @@ StopReason = Literal[
     "max_user_turns",
     "response_budget",  # data.max_response_length exhausted over all turns
     "engine_length",  # the engine hit its own context/length limit
-    "error",  # something outside the model failed; see Trajectory.error
+    "prompt_too_long",  # the prompt exceeds data.max_prompt_length (filtered or refused; nothing generated)
+    "error",  # something outside the model failed; see Trajectory.cause and Trajectory.error
 ]
+
+# How a trajectory ended, for the trainer:
+#   ok               the episode ended normally with a successful reward (>= SUCCESS_THRESHOLD)
+#   policy_failure   the model's own doing; stays reward signal. Causes: wrong_answer, malformed_tool_call,
+#                    tool_error (the agent's call or code failed), budget_exhausted
+#   infra_failure    something outside the model failed; never becomes reward: left out of the loss,
+#                    counted per cause. Causes: engine_error, tool_crash, tool_timeout, tool_unavailable,
+#                    sandbox_unavailable, reward_error, interaction_error, prompt_too_long, agent_loop_error
+#   filtered         dropped on purpose before generation (data.filter_overlong_prompts); not trained on
+Outcome = Literal["ok", "policy_failure", "infra_failure", "filtered"]
+OUTCOMES: tuple[str, ...] = ("ok", "policy_failure", "infra_failure", "filtered")
+SUCCESS_THRESHOLD = 1.0  # a reward at least this large is a success ("correct answer" = 1.0)
 
 
 @dataclass
@@ -131,7 +144,14 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     data_source: str = "default"
     policy_version: int = 0
-    error: str | None = None
+    outcome: Outcome = "ok"
+    cause: str | None = None  # why it failed (see Outcome); None when ok
+    error: str | None = None  # the exception text of an infra failure
+
+    @property
+    def trainable(self) -> bool:
+        """May this trajectory reach the loss? Infra failures and filtered prompts never do."""
+        return self.outcome in ("ok", "policy_failure") and bool(self.response_ids)
 
     def check(self) -> None:
         """Internal invariants; a failure here is a bug in the agent loop."""

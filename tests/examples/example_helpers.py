@@ -22,7 +22,7 @@ from verl_agent.config import RunConfig, load_config
 from verl_agent.data import load_samples
 from verl_agent.protocol import RolloutBatch, Sample
 from verl_agent.rollout.engine import SamplingParams
-from verl_agent.rollout.evaluate import build_agent_loop
+from verl_agent.rollout.build import build_agent_loop, build_reward
 from verl_agent.rollout.scripted import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,8 @@ def val_samples(cfg: RunConfig, k: int) -> list[Sample]:
 async def rollout(cfg: RunConfig, engine: Any, tokenizer: Any, samples: list[Sample], n: int = 1,
                   sampling: SamplingParams | None = None) -> tuple[RolloutBatch, Any]:
     """Run the example's agent loop (its tools, interactions and reward) on `engine`; returns (batch, loop)."""
-    loop = build_agent_loop(cfg, engine, tokenizer)
+    r = cfg.actor_rollout_ref.rollout
+    loop = build_agent_loop(r, cfg.data, engine, tokenizer, build_reward(cfg.data, cfg.custom_reward_function))
     sampling = sampling or SamplingParams(temperature=1.0, max_new_tokens=256, seed=0)
     return await loop.run(samples, n, sampling), loop
 

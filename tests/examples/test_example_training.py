@@ -62,9 +62,9 @@ def test_example_trains_one_step(name, ray_local, sandbox, tiny_model_path, tmp_
     result = train(cfg)
     assert result.steps == 1 and len(result.history) == 1
     step = result.history[0]
-    assert step["rollout/num_trajectories"] == 4 and step["rollout/error_rate"] == 0.0
+    assert step["rollout/num_trajectories"] == 4 and step["rollout/infra_failed"] == 0.0
     assert math.isfinite(step["actor/pg_loss"])
-    assert result.val_after["val/num_trajectories"] >= 4 and result.val_after["val/error_rate"] == 0.0
+    assert result.val_after["val/num_trajectories"] >= 4 and result.val_after["val/infra_failed"] == 0.0
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines[0]["step"] == 1 and "rollout/reward/mean" in lines[0]
     assert any("val/success_rate" in x for x in lines)

@@ -90,17 +90,35 @@ async def test_tool_response_truncated(chat_tokenizer, rollout_cfg, side):
     assert_token_exact(tok, traj, tools)
 
 
-async def test_parse_error_and_failing_tool_become_messages(chat_tokenizer, rollout_cfg):
+async def test_parse_error_is_a_message_and_a_policy_failure(chat_tokenizer, rollout_cfg):
     tok = chat_tokenizer
     bad = '<tool_call>\n{"name": "echo", "arguments": {broken\n</tool_call>'
-    engine = scripted_engine(tok, [bad, call_text("echo", '{"text": "x"}'), "gave up"])
-    echo = CountingTool(fail=True)
+    engine = scripted_engine(tok, [bad, "gave up"])
+    echo = CountingTool()
     traj = (await loop(tok, engine, rollout_cfg, {"echo": echo}).run([sample()], 1, SP)).trajectories[0]
     tools = [m.content for m in traj.messages if m.role == "tool"]
-    assert len(tools) == 2 and tools[0].startswith("Error: could not parse") and "broken" in tools[0]
-    assert tools[1].startswith("Error:") and "echo broke" in tools[1]
-    assert traj.stop_reason == "end_of_turn" and traj.metrics["num_tool_errors"] == 2
+    assert len(tools) == 1 and tools[0].startswith("Error: could not parse") and "broken" in tools[0]
+    assert traj.stop_reason == "end_of_turn" and traj.metrics["num_tool_errors"] == 1
+    assert (traj.outcome, traj.cause) == ("policy_failure", "malformed_tool_call") and traj.trainable
     assert echo.released == 1
+
+
+async def test_tool_crash_inside_our_code_is_an_infra_failure(chat_tokenizer, rollout_cfg):
+    """A tool whose own code raises ends that trajectory as an infrastructure failure (never reward)."""
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, [call_text("echo", '{"text": "x"}'), "gave up"])
+    echo = CountingTool(fail=True)
+    traj = await one(loop(tok, engine, rollout_cfg, {"echo": echo}))
+    assert (traj.outcome, traj.cause, traj.stop_reason) == ("infra_failure", "tool_crash", "error")
+    assert "echo broke" in traj.error and traj.reward == 0.0 and not traj.trainable
+    assert echo.released == 1  # release still runs
+
+
+async def test_wrong_arguments_are_the_models_fault(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, [call_text("echo", '{"txt": "x"}'), "gave up"])
+    traj = await one(loop(tok, engine, rollout_cfg, {"echo": CountingTool()}))
+    assert (traj.outcome, traj.cause) == ("policy_failure", "tool_error")
 
 
 async def test_max_assistant_turns(chat_tokenizer, rollout_cfg):
@@ -175,16 +193,47 @@ async def test_failures_stay_in_their_trajectory(chat_tokenizer, rollout_cfg):
     samples = [sample("boom", uid="a"), sample("ok", uid="b"), sample(uid="c", interaction_kwargs={"name": "nope"})]
     batch = await loop(tok, engine, rollout_cfg, interactions=inter).run(samples, 1, SP)
     a, b, c = batch.trajectories
-    assert a.stop_reason == "error" and "engine exploded" in a.error
-    assert b.stop_reason == "end_of_turn" and b.error is None
-    assert c.stop_reason == "error" and "nope" in c.error
+    assert (a.stop_reason, a.outcome, a.cause) == ("error", "infra_failure", "engine_error")
+    assert "engine exploded" in a.error
+    assert b.stop_reason == "end_of_turn" and b.error is None and b.outcome == "policy_failure"
+    assert c.stop_reason == "error" and "nope" in c.error and c.outcome == "infra_failure"
 
 
-async def test_prompt_too_long_is_an_error_naming_the_key(chat_tokenizer, rollout_cfg):
+async def test_reward_function_error_is_an_infra_failure(chat_tokenizer, rollout_cfg):
+    def broken(data_source, solution_str, ground_truth, extra_info=None):
+        raise ValueError("scorer bug")
+
     tok = chat_tokenizer
-    lp = AgentLoop(scripted_engine(tok, ["x"]), tok, rollout_cfg, max_prompt_length=5, max_response_length=10)
+    traj = await one(loop(tok, scripted_engine(tok, ["42"]), rollout_cfg, reward=load_reward_fn(broken)))
+    assert (traj.outcome, traj.cause) == ("infra_failure", "reward_error") and "scorer bug" in traj.error
+
+
+async def test_success_is_ok_and_budget_is_a_policy_failure(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    ok = await one(loop(tok, scripted_engine(tok, ["it is 42"]), rollout_cfg, reward=load_reward_fn(answer_reward)),
+                   sample(ground_truth="42"))
+    assert (ok.outcome, ok.cause, ok.reward) == ("ok", None, 1.0)
+    long = await one(loop(tok, scripted_engine(tok, ["x " * 50]), rollout_cfg, max_response_length=8))
+    assert (long.stop_reason, long.outcome, long.cause) == ("response_budget", "policy_failure", "budget_exhausted")
+
+
+@pytest.mark.parametrize("policy", ["error", "filter", "left", "right"])
+async def test_overlong_prompt_policies(chat_tokenizer, rollout_cfg, policy):
+    tok = chat_tokenizer
+    lp = AgentLoop(scripted_engine(tok, ["x"]), tok, rollout_cfg, max_prompt_length=5, max_response_length=10,
+                   overlong_prompts=policy)
     traj = (await lp.run([sample()], 1, SP)).trajectories[0]
-    assert traj.stop_reason == "error" and "max_prompt_length" in traj.error
+    from verl_agent.chat import ChatEncoder
+
+    full = list(ChatEncoder(tok).encode_prompt(sample().messages))
+    assert len(full) > 5
+    if policy == "error":
+        assert (traj.outcome, traj.cause, traj.stop_reason) == ("infra_failure", "prompt_too_long", "prompt_too_long")
+        assert "data.max_prompt_length=5" in traj.error and "filter_overlong_prompts" in traj.error
+    elif policy == "filter":
+        assert (traj.outcome, traj.stop_reason) == ("filtered", "prompt_too_long") and not traj.response_ids
+    else:
+        assert traj.prompt_ids == (full[-5:] if policy == "left" else full[:5]) and traj.response_ids
 
 
 async def test_slow_tools_overlap(chat_tokenizer, rollout_cfg):

@@ -22,8 +22,9 @@ def full_logprobs(model, prompt, gen, temperature=1.0):
     return logits.log_softmax(-1).gather(-1, torch.tensor(gen)[:, None]).squeeze(-1)
 
 
-async def test_check_engine_passes(small_model):
-    engine = HFEngine(small_model, stop_on_eos=False)
+@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
+async def test_check_engine_passes(small_model, scheduler):
+    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
     await check_engine(engine, max_new_tokens=12)
     await engine.close()
 
@@ -34,33 +35,40 @@ async def test_check_engine_catches_a_mixing_engine(small_model):
     class Mixed:  # returns the answer of the previous request: the bug the checker exists for
         last = None
 
-        async def generate(self, prompt_ids, sampling):
+        async def generate(self, prompt_ids, sampling, session=None):
             out, self.last = self.last, await engine.generate(prompt_ids, sampling)
             return out or self.last
 
         update_weights, sleep, wake_up, close = engine.update_weights, engine.sleep, engine.wake_up, engine.close
+        release_session = engine.release_session
 
     with pytest.raises(EngineContractError):
         await check_engine(Mixed(), max_new_tokens=6)
     await engine.close()
 
 
-async def test_batched_greedy_equals_hf_generate(small_model):
-    """Left padding is correct: concurrent requests of different lengths give transformers' own greedy output."""
-    engine = HFEngine(small_model, stop_on_eos=False)
+@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
+async def test_batched_greedy_equals_hf_generate(small_model, scheduler):
+    """Padding/positions are right: concurrent requests of different lengths give transformers' greedy output."""
+    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
     sp = SamplingParams(temperature=0.0, max_new_tokens=10)
     outs = await asyncio.gather(*(engine.generate(p, sp) for p in PROMPTS))
     for p, out in zip(PROMPTS, outs):
         ref = small_model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None)
         assert out.token_ids == ref[0, len(p) :].tolist()
         assert out.finish_reason == "length"
-    assert engine.stats["batches"] == 1
+    if scheduler == "batch":
+        assert engine.stats["batches"] == 1
+    else:  # the first request starts at once, the other three join it at the next step
+        assert engine.metrics()["engine/prefill_chunks"] <= 2
+        assert engine.metrics()["engine/decode_steps"] <= 10
     await engine.close()
 
 
+@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-async def test_logprobs_match_a_full_forward(small_model, temperature):
-    engine = HFEngine(small_model, stop_on_eos=False)
+async def test_logprobs_match_a_full_forward(small_model, temperature, scheduler):
+    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
     sp = SamplingParams(temperature=temperature, max_new_tokens=12, top_k=20, top_p=0.9)
     outs = await asyncio.gather(*(engine.generate(p, sp) for p in PROMPTS))
     for p, out in zip(PROMPTS, outs):
@@ -69,8 +77,9 @@ async def test_logprobs_match_a_full_forward(small_model, temperature):
     await engine.close()
 
 
-async def test_per_request_params_in_one_batch(small_model):
-    engine = HFEngine(small_model, stop_on_eos=False)
+@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
+async def test_per_request_params_in_one_batch(small_model, scheduler):
+    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
     greedy = await engine.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=8))
     stop_at = greedy.token_ids[2]
     reqs = [
@@ -92,8 +101,9 @@ async def test_per_request_params_in_one_batch(small_model):
     await engine.close()
 
 
-async def test_many_concurrent_requests_never_mix(small_model):
-    engine = HFEngine(small_model, max_batch_size=16, stop_on_eos=False)
+@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
+async def test_many_concurrent_requests_never_mix(small_model, scheduler):
+    engine = HFEngine(small_model, max_batch_size=16, stop_on_eos=False, scheduler=scheduler)
     prompts = [[(i * 7 + j) % 90 + 2 for j in range(1 + i % 9)] for i in range(40)]
     sps = [SamplingParams(temperature=0.0, max_new_tokens=1 + i % 8) for i in range(40)]  # rows leave the batch early
     together = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, sps)))
@@ -101,12 +111,16 @@ async def test_many_concurrent_requests_never_mix(small_model):
         alone = await engine.generate(p, sp)
         assert alone.token_ids == out.token_ids and len(out.token_ids) == sp.max_new_tokens
         assert alone.logprobs == pytest.approx(out.logprobs, abs=1e-4)
-    assert engine.stats["batches"] >= 3  # 40 requests, at most 16 per batch
+    if scheduler == "batch":
+        assert engine.stats["batches"] >= 3  # 40 requests, at most 16 per batch
+    else:
+        assert engine.metrics()["engine/kv_slots"] == 16  # 40 requests through 16 slots
     await engine.close()
 
 
-async def test_event_loop_keeps_running_during_a_batch(small_model):
-    engine = HFEngine(small_model, stop_on_eos=False)
+@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
+async def test_event_loop_keeps_running_during_a_batch(small_model, scheduler):
+    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
     ticks = 0
 
     async def ticker():
@@ -133,8 +147,9 @@ async def test_eos_stops_by_default(small_model):
     small_model.generation_config.eos_token_id = 1
 
 
-async def test_update_weights_sleep_wake_close(small_model):
-    engine = HFEngine(random_qwen2(seed=1), stop_on_eos=False)
+@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
+async def test_update_weights_sleep_wake_close(small_model, scheduler):
+    engine = HFEngine(random_qwen2(seed=1), stop_on_eos=False, scheduler=scheduler)
     sp = SamplingParams(temperature=0.0, max_new_tokens=8)
     before = await engine.generate(PROMPTS[1], sp)
     await engine.update_weights((k, v.clone()) for k, v in small_model.state_dict().items())
@@ -171,8 +186,8 @@ async def test_bad_prompts_are_clear_errors(small_model):
 
 async def test_static_cache_path_matches_dynamic(small_model):
     """The GPU fast path's cache layout (static cache, padded batch bucket, full-length mask), run eagerly on CPU."""
-    dynamic = HFEngine(small_model, stop_on_eos=False)
-    static = HFEngine(small_model, stop_on_eos=False, static=True, compile=False)
+    dynamic = HFEngine(small_model, stop_on_eos=False, scheduler="batch")
+    static = HFEngine(small_model, stop_on_eos=False, static=True, compile=False, scheduler="batch")
     sp = SamplingParams(temperature=0.0, max_new_tokens=10)
     a = await asyncio.gather(*(dynamic.generate(p, sp) for p in PROMPTS[:3]))
     b = await asyncio.gather(*(static.generate(p, sp) for p in PROMPTS[:3]))  # 3 rows padded to a bucket of 4

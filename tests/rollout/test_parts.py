@@ -65,7 +65,7 @@ def test_summarize_by_hand():
     assert m["rollout/success_rate"] == 0.5
     assert m["rollout/reward/mean"] == 0.5 and m["rollout/reward/std"] == 0.5
     assert m["rollout/response_length/mean"] == 6.0 and m["rollout/tool_calls_total"] == 4
-    assert m["rollout/tool_error_rate"] == 0.25
+    assert m["rollout/tool_errors_per_call"] == 0.25
     assert m["rollout/stop/end_of_turn"] == m["rollout/stop/response_budget"] == 0.5
     assert summarize(RolloutBatch([])) == {"rollout/num_trajectories": 0.0}
 

@@ -194,13 +194,48 @@ async def test_failing_create_reward_release_are_contained():
     async with ToolSession({"counter": broken, "calculator": CalculatorTool()}, timeout=5) as s:
         r = await s.call(ToolCall("counter", {"n": 1}))
         assert not r.ok and r.text == 'Error: tool "counter" is unavailable: ConnectionError: backend down'
-        assert (await s.call(ToolCall("calculator", {"expression": "1+1"}))).text == "2"
-    for fail, reward in (("reward", 0.0), ("release", 2.0), ("create_tuple", 2.0)):
+        assert r.infra == "tool_create_failed"  # our side failed, not the model
+        ok = await s.call(ToolCall("calculator", {"expression": "1+1"}))
+        assert ok.text == "2" and ok.infra is None
+    for fail, reward in (("release", 2.0), ("create_tuple", 2.0)):
         tool = BrokenTool(fail)
         async with ToolSession({"counter": tool}, timeout=5) as s:
             assert (await s.call(ToolCall("counter", {"n": 4}))).text == "4"
             assert await s.calc_reward() == reward
         assert tool.state == {}
+    tool = BrokenTool("reward")  # a reward that cannot be computed is never a silent 0.0
+    async with ToolSession({"counter": tool}, timeout=5) as s:
+        await s.call(ToolCall("counter", {"n": 4}))
+        with pytest.raises(RuntimeError, match='tool "counter": calc_reward failed: RuntimeError: no reward'):
+            await s.calc_reward()
+    assert tool.state == {}  # released all the same
+
+
+async def test_tool_failures_are_classified():
+    """Model mistakes are policy failures (infra None); crashes, timeouts and ToolUnavailable are infrastructure."""
+    from verl_agent.tools.errors import ToolUnavailable
+
+    class Flaky(CounterTool):
+        mode = "crash"
+
+        async def execute(self, instance_id, parameters, **kwargs):
+            if self.mode == "crash":
+                raise KeyError("bug in our tool")
+            if self.mode == "down":
+                raise ToolUnavailable("backend at 10.0.0.1 refused", cause="sandbox_unavailable")
+            await asyncio.sleep(10)
+
+    tool = Flaky()
+    async with ToolSession({"counter": tool}, timeout=0.2) as s:
+        bad_args = await s.call(ToolCall("counter", {"n": "not a number"}))
+        assert not bad_args.ok and bad_args.infra is None
+        assert (await s.call(ToolCall("nope", {}))).infra is None
+        assert (await s.call(ToolCall("counter", {"n": 1}))).infra == "tool_crash"
+        tool.mode = "down"
+        down = await s.call(ToolCall("counter", {"n": 1}))
+        assert down.infra == "sandbox_unavailable" and "10.0.0.1 refused" in down.text
+        tool.mode = "hang"
+        assert (await s.call(ToolCall("counter", {"n": 1}))).infra == "tool_timeout"
 
 
 async def test_bad_session_arguments():

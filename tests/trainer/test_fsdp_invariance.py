@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from verl_agent.trainer.controller import WorkerGroup, shard_list
-from verl_agent.trainer.prepare import attach
 
 pytestmark = pytest.mark.slow
 
@@ -18,13 +17,13 @@ pytestmark = pytest.mark.slow
 def _update_and_export(cfg, seqs, out_dir, world: int):
     group = WorkerGroup.create(cfg)
     try:
-        shards = shard_list(seqs, world)
-        attach(shards, group.call_sharded("compute_log_probs", shards))
         g = torch.Generator().manual_seed(1)
         for s in seqs:
             s.advantages = torch.randn(s.response_len, generator=g)
-        metrics = group.call_sharded("update", shards, 1)
-        group.call("export_hf", str(out_dir))
+        group.set_sequences(shard_list(seqs, world))
+        group.compute_log_probs(n_minibatches=1)
+        metrics = group.update(n_minibatches=1, step=1, update_actor=True)
+        group.export_hf(str(out_dir))
         return metrics
     finally:
         group.shutdown()

@@ -17,7 +17,6 @@ from sglang_cpu import CPU_ARGS, CPU_ENV, sglang_python
 
 from verl_agent.trainer.controller import WorkerGroup, shard_list
 from verl_agent.trainer.loop import train
-from verl_agent.trainer.prepare import attach
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -39,16 +38,16 @@ def test_sync_makes_each_sglang_server_match_its_actor(ray_cluster, sglang_cfg, 
                                           "actor_rollout_ref.rollout.temperature=1.0"))
     try:
         prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
-        assert max(group.call("check_sync", prompts)) < 1e-3  # fresh: same initial weights
-        shards = shard_list(random_seqs(8, 300), group.world_size)
-        attach(shards, group.call_sharded("compute_log_probs", shards))  # the servers sleep here
-        for seqs in shards:
-            for s in seqs:
-                s.advantages = torch.randn(s.response_len)
-        assert all(m["grad_norm"] > 0 for m in group.call_sharded("update", shards, 1))
-        assert max(group.call("check_sync", prompts)) > 1e-2  # the update moved the actor away from the servers
-        assert all(s >= 0 for s in group.call("sync_weights"))
-        assert max(group.call("check_sync", prompts)) < 1e-3
+        assert max(group.check_sync(prompts)) < 1e-3  # fresh: same initial weights
+        seqs = random_seqs(8, 300)
+        for s in seqs:
+            s.advantages = torch.randn(s.response_len)
+        group.set_sequences(shard_list(seqs, group.world_size))
+        group.compute_log_probs(n_minibatches=1)  # the servers sleep here
+        assert all(m["grad_norm"] > 0 for m in group.update(n_minibatches=1, step=1, update_actor=True))
+        assert max(group.check_sync(prompts)) > 1e-2  # the update moved the actor away from the servers
+        assert group.sync_weights() >= 0
+        assert max(group.check_sync(prompts)) < 1e-3
     finally:
         group.shutdown()
 
@@ -58,7 +57,7 @@ def test_one_grpo_step_with_sglang_rollouts(ray_cluster, sglang_cfg):
                               "actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.max_response_length=48",
                               "trainer.total_training_steps=1"))
     step = result.history[0]
-    assert step["rollout/num_trajectories"] == 4 and step["rollout/error_rate"] == 0.0
+    assert step["rollout/num_trajectories"] == 4 and step["rollout/infra_failed"] == 0.0
     assert math.isfinite(step["actor/pg_loss"]) and step["time/weight_sync_worker"] >= 0
 
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from verl_agent.trainer.controller import WorkerGroup, shard_list
-from verl_agent.trainer.prepare import attach
 
 pytestmark = pytest.mark.slow
 
@@ -21,17 +20,16 @@ def test_sync_makes_engine_match_actor(ray_cluster, make_cfg, dev_model_path, ra
     try:
         vocab = 300
         prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
-        assert max(group.call("check_sync", prompts)) < 1e-4  # fresh: both hold the same initial weights
-        shards = shard_list(random_seqs(8, vocab), group.world_size)
-        attach(shards, group.call_sharded("compute_log_probs", shards))
-        for seqs in shards:
-            for s in seqs:
-                s.advantages = torch.randn(s.response_len)
-        metrics = group.call_sharded("update", shards, 1)
+        assert max(group.check_sync(prompts)) < 1e-4  # fresh: both hold the same initial weights
+        seqs = random_seqs(8, vocab)
+        for s in seqs:
+            s.advantages = torch.randn(s.response_len)
+        group.set_sequences(shard_list(seqs, group.world_size))
+        group.compute_log_probs(n_minibatches=1)
+        metrics = group.update(n_minibatches=1, step=1, update_actor=True)
         assert all(m["grad_norm"] > 0 for m in metrics)
-        assert max(group.call("check_sync", prompts)) > 1e-3  # the update moved the actor away from the engine
-        seconds = group.call("sync_weights")
-        assert all(s >= 0 for s in seconds)
-        assert max(group.call("check_sync", prompts)) < 1e-4
+        assert max(group.check_sync(prompts)) > 1e-3  # the update moved the actor away from the engine
+        assert group.sync_weights() >= 0
+        assert max(group.check_sync(prompts)) < 1e-4
     finally:
         group.shutdown()

@@ -10,7 +10,18 @@ other except inside the engine's batches, so a slow tool blocks only its own tra
 Stop reasons (protocol.StopReason): end_of_turn, interaction_done, max_assistant_turns,
 max_user_turns, response_budget (data.max_response_length counted over all turns,
 observations included; an observation that does not fit is not appended), engine_length,
-error (Trajectory.error says what; other trajectories are unaffected).
+prompt_too_long, error.
+
+Outcome (protocol.Outcome), set on every trajectory: infrastructure failures (the engine
+raising, a tool crashing or timing out inside our code, a sandbox that is down, a reward
+function or interaction that raises, a prompt over budget with data.truncation=error) end
+that trajectory only, with `outcome="infra_failure"`, `cause` and the exception in `error`;
+they never become reward. Everything the model did is a policy failure (wrong answer,
+malformed tool call, a tool error its call caused, budget exhausted) or `ok`.
+
+Prompts over data.max_prompt_length: `overlong_prompts` = "filter" (outcome "filtered",
+nothing generated), "left"/"right" (cut that side of the prompt ids) or "error" (an
+infrastructure failure with cause "prompt_too_long").
 
 Reward: interaction.calculate_score if an interaction is attached, else reward_fn, else the
 tools' calc_reward. Tool `release` and interaction `finalize_interaction` always run.
@@ -25,13 +36,21 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from verl_agent.protocol import Message, RolloutBatch, Sample, Trajectory, Turn
+from verl_agent.protocol import SUCCESS_THRESHOLD, Message, RolloutBatch, Sample, Trajectory, Turn
 from verl_agent.rollout.engine import Engine, SamplingParams
 from verl_agent.rollout.observations import run_tool_calls
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["AgentLoop"]
+
+
+class InfraFailure(Exception):
+    """Something outside the model failed; ends one trajectory with outcome "infra_failure"."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class _Stop(Exception):
@@ -55,7 +74,7 @@ class _Episode:
     user_turns: int = 0
     last_text: str = ""
     pending: Any = None  # ParseResult of the last assistant turn (None without tools)
-    counts: dict[str, float] = field(default_factory=lambda: {"tool_calls": 0, "tool_errors": 0})
+    counts: dict[str, float] = field(default_factory=lambda: {"tool_calls": 0, "tool_errors": 0, "malformed_calls": 0})
 
 
 class AgentLoop:
@@ -71,6 +90,7 @@ class AgentLoop:
         reward_fn: Any = None,
         max_prompt_length: int = 512,
         max_response_length: int = 256,
+        overlong_prompts: str = "error",
     ) -> None:
         from verl_agent.parsers import get_parser
 
@@ -83,6 +103,9 @@ class AgentLoop:
         self.reward_fn = reward_fn
         self.max_prompt_length = max_prompt_length
         self.max_response_length = max_response_length
+        if overlong_prompts not in ("error", "filter", "left", "right"):
+            raise ValueError(f"overlong_prompts must be error, filter, left or right, got {overlong_prompts!r}")
+        self.overlong_prompts = overlong_prompts
         self.parser = get_parser(self.mt.format, tokenizer) if self.tools else None
         self.policy_version = 0
 
@@ -98,10 +121,11 @@ class AgentLoop:
         return RolloutBatch(trajectories=list(await asyncio.gather(*jobs)))
 
     async def run_one(self, sample: Sample, sampling: SamplingParams) -> Trajectory:
-        """One trajectory; never raises for a failure of the model, a tool or an interaction."""
+        """One trajectory; never raises for a failure of the model, a tool, an interaction or the engine."""
         traj = Trajectory(uid=sample.uid, prompt_ids=[], response_ids=[], loss_mask=[], rollout_logprobs=[])
         traj.data_source, traj.policy_version = sample.data_source, self.policy_version
         start = time.perf_counter()
+        ep = None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 ep = await self._start(sample, traj, stack)
@@ -109,13 +133,35 @@ class AgentLoop:
                     await self._turns(ep, sampling)
                 except _Stop as stop:
                     traj.stop_reason = stop.reason  # type: ignore[assignment]
-                traj.reward = await self._reward(ep, sample)
+                if traj.stop_reason != "prompt_too_long":
+                    traj.reward = await self._reward(ep, sample)
         except Exception as e:  # one failing trajectory never kills the others
-            logger.warning("trajectory %s failed: %r", sample.uid, e, exc_info=True)
-            traj.stop_reason, traj.error = "error", f"{type(e).__name__}: {e}"
+            cause = e.cause if isinstance(e, InfraFailure) else "agent_loop_error"
+            level = logging.WARNING if isinstance(e, InfraFailure) else logging.ERROR
+            logger.log(level, "trajectory %s: infrastructure failure (%s): %s", sample.uid, cause, e,
+                       exc_info=not isinstance(e, InfraFailure))
+            traj.stop_reason = "prompt_too_long" if cause == "prompt_too_long" else "error"
+            traj.outcome, traj.cause, traj.error, traj.reward = "infra_failure", cause, f"{type(e).__name__}: {e}", 0.0
+        else:
+            self._classify(traj, ep)
         traj.metrics["seconds"] = time.perf_counter() - start
         traj.check()
         return traj
+
+    def _classify(self, traj: Trajectory, ep: _Episode) -> None:
+        """ok / policy failure (with its cause) for a trajectory that ended without an infrastructure failure."""
+        if traj.stop_reason == "prompt_too_long":
+            traj.outcome, traj.cause = "filtered", "prompt_too_long"
+        elif traj.reward >= SUCCESS_THRESHOLD:
+            traj.outcome, traj.cause = "ok", None
+        elif traj.stop_reason in ("response_budget", "engine_length", "max_assistant_turns", "max_user_turns"):
+            traj.outcome, traj.cause = "policy_failure", "budget_exhausted"
+        elif ep.counts["malformed_calls"]:
+            traj.outcome, traj.cause = "policy_failure", "malformed_tool_call"
+        elif ep.counts["tool_errors"]:
+            traj.outcome, traj.cause = "policy_failure", "tool_error"
+        else:
+            traj.outcome, traj.cause = "policy_failure", "wrong_answer"
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -131,12 +177,22 @@ class AgentLoop:
         ep = _Episode(traj=traj, messages=list(sample.messages), encoder=encoder, session=session)
         traj.messages = ep.messages
         await self._start_interaction(ep, sample, stack)
-        traj.prompt_ids = list(encoder.encode_prompt(ep.messages))
-        if len(traj.prompt_ids) > self.max_prompt_length:
-            raise ValueError(
-                f"prompt has {len(traj.prompt_ids)} tokens > data.max_prompt_length={self.max_prompt_length}"
-            )
+        traj.prompt_ids = self._fit_prompt(list(encoder.encode_prompt(ep.messages)))
         return ep
+
+    def _fit_prompt(self, ids: list[int]) -> list[int]:
+        """Apply the overlong-prompt policy; an empty list means "filtered" (see the module docstring)."""
+        limit = self.max_prompt_length
+        if len(ids) <= limit:
+            return ids
+        if self.overlong_prompts == "left":
+            return ids[len(ids) - limit :]
+        if self.overlong_prompts == "right":
+            return ids[:limit]
+        if self.overlong_prompts == "filter":
+            return []
+        raise InfraFailure("prompt_too_long", f"prompt has {len(ids)} tokens > data.max_prompt_length={limit}; "
+                           "set data.filter_overlong_prompts=true or data.truncation=left|right")
 
     async def _start_interaction(self, ep: _Episode, sample: Sample, stack: contextlib.AsyncExitStack) -> None:
         """Attach the interaction named by interaction_kwargs["name"] (or the only one configured)."""
@@ -146,8 +202,11 @@ class AgentLoop:
         interaction = select_interaction(self.interactions, sample.interaction_kwargs)
         if interaction is None:
             return
-        ep.interaction = await stack.enter_async_context(InteractionSession(interaction, sample.interaction_kwargs))
-        first = await ep.interaction.initial_observation()
+        try:
+            ep.interaction = await stack.enter_async_context(InteractionSession(interaction, sample.interaction_kwargs))
+            first = await ep.interaction.initial_observation()
+        except Exception as e:
+            raise InfraFailure("interaction_error", f"interaction failed to start: {type(e).__name__}: {e}") from e
         if first:
             ep.messages.append(Message(role="user", content=str(first)))
 
@@ -155,6 +214,8 @@ class AgentLoop:
 
     async def _turns(self, ep: _Episode, sampling: SamplingParams) -> None:
         traj = ep.traj
+        if not traj.prompt_ids:
+            raise _Stop("prompt_too_long")
         stop_ids = sorted(set(sampling.stop_token_ids) | set(ep.encoder.eos_token_ids))
         max_turns = self.mt.max_assistant_turns if self.mt.enable else 1
         while True:
@@ -193,7 +254,12 @@ class AgentLoop:
     async def _generate(self, ep: _Episode, sp: SamplingParams) -> Turn:
         traj = ep.traj
         t0 = time.perf_counter()
-        out = await self.engine.generate(traj.prompt_ids + traj.response_ids, sp)
+        try:
+            out = await self.engine.generate(traj.prompt_ids + traj.response_ids, sp)
+        except Exception as e:
+            raise InfraFailure("engine_error", f"engine.generate failed: {type(e).__name__}: {e}") from e
+        if out.finish_reason == "abort":
+            raise InfraFailure("engine_error", "the engine aborted the request")
         start = len(traj.response_ids)
         traj.response_ids += out.token_ids
         traj.loss_mask += [1] * len(out.token_ids)
@@ -203,8 +269,6 @@ class AgentLoop:
         traj.turns.append(turn)
         ep.assistant_turns += 1
         ep.last_text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        if out.finish_reason == "abort":
-            raise RuntimeError("the engine aborted the request")
         parsed = self.parser.parse(ep.last_text) if self.parser else None
         content = parsed.content if parsed else ep.last_text
         ep.messages.append(Message(role="assistant", content=content, tool_calls=parsed.tool_calls if parsed else []))
@@ -229,6 +293,9 @@ class AgentLoop:
             turn.num_tool_calls, turn.score, turn.tool_seconds = res.num_calls, res.reward, res.seconds
             ep.counts["tool_calls"] += res.num_calls
             ep.counts["tool_errors"] += res.num_errors
+            ep.counts["malformed_calls"] += len(parsed.errors)
+            if res.infra is not None:
+                raise InfraFailure(*res.infra)
             return res.messages
         if ep.interaction is None:
             raise _Stop("end_of_turn")
@@ -238,7 +305,7 @@ class AgentLoop:
         done, reply, score, _info = await ep.interaction.respond(ep.messages)
         turn.score, turn.tool_seconds = float(score), time.perf_counter() - t0
         if ep.interaction.error:
-            raise RuntimeError(f"interaction failed: {ep.interaction.error}")
+            raise InfraFailure("interaction_error", f"interaction failed: {ep.interaction.error}")
         if done:
             raise _Stop("interaction_done")
         ep.user_turns += 1
@@ -254,16 +321,21 @@ class AgentLoop:
             response_length=float(len(traj.response_ids)), num_model_tokens=float(traj.num_model_tokens),
         )  # fmt: skip
         if ep.interaction is not None:
-            return float(await ep.interaction.score())
+            score = float(await ep.interaction.score())
+            if ep.interaction.error:
+                raise InfraFailure("interaction_error", f"interaction calculate_score failed: {ep.interaction.error}")
+            return score
         if self.reward_fn is not None:
             res = await asyncio.to_thread(
                 self.reward_fn, data_source=sample.data_source, solution_str=ep.last_text,
                 ground_truth=sample.ground_truth, extra_info=dict(sample.extra_info),
             )  # fmt: skip
             if getattr(res, "error", None):
-                traj.metrics["reward_error"] = 1.0
-                logger.warning("reward function failed for %s: %s", sample.uid, res.error)
+                raise InfraFailure("reward_error", res.error)
             return float(getattr(res, "score", res))
         if ep.session is not None:
-            return float(await ep.session.calc_reward())
+            try:
+                return float(await ep.session.calc_reward())
+            except RuntimeError as e:
+                raise InfraFailure("reward_error", str(e)) from e
         return 0.0

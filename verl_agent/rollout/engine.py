@@ -17,6 +17,16 @@ Contract (what is called when):
   sampling distribution after temperature scaling and BEFORE top-k/top-p
   filtering (i.e. ``log_softmax(logits / temperature)``; for temperature 0,
   greedy, ``log_softmax(logits)``). ``len(logprobs) == len(token_ids)``.
+- ``generate(..., session=sid)`` names the conversation the request belongs
+  to (the agent loop passes the trajectory id). It is a hint for reusing the
+  KV cache of the session's previous turn; it never changes the result: the
+  same request gives the same tokens (same seed) and log-probs with or without
+  it. An engine may ignore it (SGLang's radix cache finds shared prefixes by
+  itself). Requests of one session are issued one at a time.
+- ``await release_session(sid)`` says the conversation has ended; the engine
+  may free what it kept for it. Releasing an unknown session is a no-op.
+- ``metrics()`` (optional) returns a flat dict of ``engine/<name>`` floats,
+  cumulative since the engine started (e.g. ``engine/prefill_tokens_saved``).
 - ``await update_weights(named_tensors)`` replaces parameters by name; it is
   called between rollout steps, never concurrently with ``generate``.
   Unknown names are an error.
@@ -81,7 +91,11 @@ class GenerateOutput:
 class Engine(Protocol):
     """Async token-in/token-out inference engine; see the module docstring for the contract."""
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput: ...
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> GenerateOutput: ...
+
+    async def release_session(self, session: str) -> None: ...
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None: ...
 
@@ -123,12 +137,16 @@ async def check_engine(engine: Engine, prompts: list[list[int]] | None = None, m
 
     Checks: output shapes and types; concurrent requests each get their own
     answer (greedy concurrent == greedy one by one); the same seed gives the
-    same sample; stop ids end generation; sleep()/wake_up() keep results.
+    same sample; stop ids end generation; a session id changes no result
+    (extending and non-extending later turns); releasing sessions, even unknown
+    ones, works; sleep()/wake_up() keep results.
     Use small prompts of valid token ids for the engine's model.
     """
-    for name in ("generate", "update_weights", "sleep", "wake_up", "close"):
+    for name in ("generate", "release_session", "update_weights", "sleep", "wake_up", "close"):
         if not inspect.iscoroutinefunction(getattr(engine, name, None)):
             raise EngineContractError(f"engine.{name} must be an async method")
+    if "session" not in inspect.signature(engine.generate).parameters:
+        raise EngineContractError("engine.generate must accept the keyword argument `session`")
     prompts = prompts or [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13]]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     alone = [await engine.generate(p, greedy) for p in prompts]
@@ -141,11 +159,33 @@ async def check_engine(engine: Engine, prompts: list[list[int]] | None = None, m
                 f"prompt {i}: concurrent greedy result {b.token_ids} differs from the one-by-one result {a.token_ids}"
             )
     await _check_seed_and_stop(engine, prompts[0], alone[0], max_new_tokens)
+    await _check_sessions(engine, prompts, alone, greedy)
     await engine.sleep()
     await engine.wake_up()
     again = await engine.generate(prompts[0], greedy)
     if again.token_ids != alone[0].token_ids:
         raise EngineContractError("greedy result changed after sleep()/wake_up()")
+
+
+async def _check_sessions(
+    engine: Engine, prompts: list[list[int]], alone: list[GenerateOutput], greedy: SamplingParams
+) -> None:
+    """A session id never changes results: a second turn that extends the first, and one that does not."""
+    for i, (p, ref) in enumerate(zip(prompts, alone)):
+        first = await engine.generate(p, greedy, session=f"check-{i}")
+        if first.token_ids != ref.token_ids:
+            raise EngineContractError(f"prompt {i}: with a session {first.token_ids}, without {ref.token_ids}")
+        turn2 = p + first.token_ids + prompts[(i + 1) % len(prompts)]
+        fresh = await engine.generate(turn2, greedy)
+        for prompt, want in ((turn2, fresh), (prompts[(i + 2) % len(prompts)], None)):
+            got = await engine.generate(prompt, greedy, session=f"check-{i}")
+            want = want or await engine.generate(prompt, greedy)
+            if got.token_ids != want.token_ids:
+                raise EngineContractError(
+                    f"session check-{i}: a later turn gave {got.token_ids} with the session, {want.token_ids} without"
+                )
+        await engine.release_session(f"check-{i}")
+    await engine.release_session("never-used")
 
 
 async def _check_seed_and_stop(engine: Engine, prompt: list[int], ref: GenerateOutput, n: int) -> None:

@@ -1,14 +1,20 @@
 """`HFEngine`: the embedded transformers engine (CPU default, usable on GPU).
 
-Many agent loops call `generate` at once. Requests queue up; one background
-task takes up to `max_batch_size` waiting requests, runs them as one batch in a
-worker thread (torch releases the GIL, so the event loop keeps serving tool
-calls and other trajectories), and resolves each request's future with its
-own row. Requests arriving during a batch form the next one (per-batch
-scheduling with early exit: a batch ends when its last row finishes).
+Many agent loops call `generate` at once. All model work runs on one engine
+thread (torch releases the GIL, so the event loop keeps serving tool calls and
+other trajectories). Two schedulers:
 
-On CUDA the decode step runs on a static KV cache with a compiled forward
-(`static=True` by default there; see decoding.py and shared/GPU.md).
+- ``"continuous"`` (default): a fixed set of KV slots (`max_num_seqs`); a
+  request joins at the next engine step (its prompt is prefilled as its own
+  chunk, then it decodes with the rest) and a finished request frees its slot
+  at once. A request may name a `session` (its trajectory id): when its prompt
+  extends that session's previous prompt + response, only the new tokens are
+  prefilled. On CUDA the decode step is a replayed CUDA graph. See
+  continuous.py, scheduler.py, slots.py, model_runner.py, kv_pool.py.
+- ``"batch"``: up to `max_batch_size` waiting requests run as one batch until
+  its last row finishes; requests arriving meanwhile form the next batch. On
+  CUDA the decode step runs on a static KV cache with a compiled forward
+  (`static=True` by default there; see decoding.py and shared/GPU.md).
 
 Memory: `sleep()` drops KV caches and, on an accelerator, moves the weights to
 CPU; `wake_up()` moves them back. On CPU there is no device memory to give
@@ -20,24 +26,32 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from verl_agent.rollout.continuous import ContinuousBatcher
 from verl_agent.rollout.decoding import DecodeSettings, StaticState, decode_batch
 from verl_agent.rollout.engine import GenerateOutput, SamplingParams
+from verl_agent.rollout.kv_pool import KVBudget, plan_budget
+from verl_agent.rollout.sequence import Seq
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HFEngine", "EngineClosedError"]
+__all__ = ["HFEngine", "EngineClosedError", "KVCacheOverflowError"]
 
 
 class EngineClosedError(RuntimeError):
     """generate() was called after close()."""
+
+
+class KVCacheOverflowError(ValueError):
+    """A request can never fit in one KV slot (its prompt is longer than a slot holds)."""
 
 
 @dataclass
@@ -71,8 +85,17 @@ class HFEngine:
 
     model: a HF path/id or an already-built model (e.g. the trainer's colocated replica).
     stop_on_eos: also stop each request on the model's eos ids (besides its own stop ids).
-    static: static KV cache (fixed shapes); default True on CUDA, False on CPU.
-    compile: torch.compile the decode step with CUDA graphs; default = static on CUDA.
+    scheduler: "continuous" (slots, sessions, CUDA-graph decode on CUDA) or "batch" (per-batch, as before).
+    max_batch_size: "batch": requests decoded together; "continuous": slots when max_num_seqs is None.
+    max_num_seqs: "continuous": sequences holding a KV slot at once (running or idle sessions).
+    max_num_batched_tokens: "continuous": prompt tokens (rows x padded width) per prefill chunk.
+    max_model_len: "continuous": tokens one slot holds (default: the model's limit, at most 4096).
+    gpu_memory_utilization: "continuous": share of the device's memory (host RAM on CPU) that weights +
+        KV cache may use; fewer slots (or shorter ones) when max_num_seqs x max_model_len do not fit.
+    kv_cache_bytes: "continuous": the KV budget in bytes, instead of gpu_memory_utilization.
+    static: "batch": static KV cache (fixed shapes); default True on CUDA, False on CPU.
+    compile: "batch": torch.compile the decode step with CUDA graphs; "continuous": capture the decode
+        step as CUDA graphs. Default: on CUDA.
     """
 
     def __init__(
@@ -87,9 +110,17 @@ class HFEngine:
         compile: bool | None = None,
         seed: int = 0,
         sync_every: int | None = None,
+        scheduler: Literal["continuous", "batch"] = "continuous",
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_bytes: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
+        if scheduler not in ("continuous", "batch"):
+            raise ValueError(f"HFEngine: scheduler must be 'continuous' or 'batch', got {scheduler!r}")
         self.device = torch.device(device)
         self.model = _load(model, device, dtype)
         self.max_batch_size = max_batch_size
@@ -118,16 +149,35 @@ class HFEngine:
         self._closed = False
         self.policy_version = 0
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0}
+        self._busy_s = 0.0
+        self.scheduler = scheduler
+        self._batcher: ContinuousBatcher | None = None
+        if scheduler == "continuous":
+            limit = self.settings.max_length or 4096
+            budget = plan_budget(
+                self.model, max_num_seqs or max_batch_size, min(max_model_len or min(limit, 4096), limit),
+                gpu_memory_utilization, kv_cache_bytes,
+            )  # fmt: skip
+            logger.info("HFEngine continuous batching: %s", budget.describe())
+            self._batcher = ContinuousBatcher(
+                self.model, budget, pad_id=self.settings.pad_token_id, cache_kw=_cache_kw(self.model),
+                cuda_graphs=self.device.type == "cuda" if compile is None else compile,
+                max_num_batched_tokens=max_num_batched_tokens, generator=self._generator,
+            )  # fmt: skip
 
     # -- Engine API ---------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput:
-        """Queue one request and wait for its own result (see `Engine`)."""
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> GenerateOutput:
+        """Queue one request and wait for its own result (see `Engine`); `session` enables KV reuse."""
         if self._closed:
             raise EngineClosedError("HFEngine.generate() called after close()")
         if self._asleep:
             raise RuntimeError("HFEngine.generate() called while asleep: call wake_up() first")
         self._check_prompt(prompt_ids)
+        if self._batcher is not None:
+            return await self._generate_continuous(list(prompt_ids), sampling, session)
         self._ensure_server()
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(list(prompt_ids), sampling, fut))
@@ -135,14 +185,44 @@ class HFEngine:
         self._event.set()
         return await fut
 
+    async def release_session(self, session: str) -> None:
+        """The trajectory `session` has ended: free its KV slot (a running request keeps it until done)."""
+        if self._batcher is not None and not self._closed:
+            self._batcher.submit(("release", session), self._executor)
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since construction, as `engine/<name>` floats (busy_s: seconds inside forward + sampling)."""
+        if self._batcher is None:
+            out = {**self.stats, "busy_s": self._busy_s}
+        else:
+            b = self._batcher
+            out = {**b.counters, **b.sched.counters, "busy_s": b.runner.busy_s,
+                   "sessions_evicted": b.sched.table.evicted, "sessions_idle": b.sched.table.n_idle,
+                   "kv_slots": b.budget.slots, "kv_tokens_per_slot": b.budget.length,
+                   "cuda_graphs": len(b.runner.graphs)}  # fmt: skip
+        return {f"engine/{k}": float(v) for k, v in out.items()}
+
+    async def capture_graphs(self) -> int:
+        """Capture every decode-step CUDA graph now rather than on first use; returns how many exist."""
+        if self._batcher is None:
+            return 0
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._batcher.runner.capture_all)
+
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy tensors into the model's parameters/buffers in place, by name; unknown names raise KeyError."""
+        """Copy tensors into the model's parameters/buffers in place, by name; unknown names raise KeyError.
+
+        Idle sessions' K/V were computed by the old weights, so they are dropped."""
         async with self._get_lock():
-            await asyncio.to_thread(self._load_weights, list(named_tensors))
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._load_weights, list(named_tensors)
+            )
         self.policy_version += 1
 
     async def sleep(self) -> None:
         async with self._get_lock():
+            if self._batcher is not None:
+                await asyncio.get_running_loop().run_in_executor(self._executor, self._batcher.free_memory)
             self._static.caches.clear()
             if self.device.type != "cpu":
                 self.model.to("cpu")
@@ -156,6 +236,10 @@ class HFEngine:
 
     async def close(self) -> None:
         self._closed = True
+        if self._batcher is not None:
+            self._batcher.closed = True
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._batcher.serve)  # aborts whatever is left
         if self._server is not None:
             self._server.cancel()
             await asyncio.gather(self._server, return_exceptions=True)
@@ -168,6 +252,28 @@ class HFEngine:
         self._executor.shutdown(wait=False)
 
     # -- internals ------------------------------------------------------------------------------
+    async def _generate_continuous(self, prompt: list[int], sampling: SamplingParams, session: str | None):
+        assert self._batcher is not None
+        budget: KVBudget = self._batcher.budget
+        if len(prompt) > budget.length:
+            raise KVCacheOverflowError(
+                f"HFEngine.generate: a prompt of {len(prompt)} tokens cannot fit in a KV slot of {budget.length} "
+                f"tokens ({budget.describe()}); raise rollout.max_model_len or rollout.gpu_memory_utilization, "
+                f"or lower rollout.max_num_seqs"
+            )
+        stops = set(sampling.stop_token_ids) | (set(self.settings.eos_token_ids) if self.settings.stop_on_eos else set())
+        gen = None
+        if sampling.seed is not None and sampling.temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(int(sampling.seed))
+        loop = asyncio.get_running_loop()
+        seq = Seq(
+            prompt, sampling, max_new=min(sampling.max_new_tokens, budget.length - len(prompt) + 1),
+            stops=frozenset(stops), future=loop.create_future(), loop=loop, session=session, generator=gen,
+        )  # fmt: skip
+        self._batcher.submit(seq, self._executor)
+        return await seq.future
+
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -200,12 +306,14 @@ class HFEngine:
 
     async def _run(self, batch: list[_Request]) -> None:
         async with self._get_lock():
+            t0 = time.perf_counter()
             try:
                 job = functools.partial(
                     decode_batch, self.model, [r.prompt_ids for r in batch], [r.sampling for r in batch],
                     self.settings, self._static, self._generator,
                 )  # fmt: skip
                 outs = await asyncio.get_running_loop().run_in_executor(self._executor, job)
+                self._busy_s += time.perf_counter() - t0
             except Exception as e:  # one bad batch fails its own requests, never the server
                 logger.exception("HFEngine batch of %d failed", len(batch))
                 for r in batch:
@@ -235,3 +343,15 @@ class HFEngine:
         with torch.no_grad():
             for name, tensor in named:
                 state[name].copy_(tensor.detach().to(device=state[name].device, dtype=state[name].dtype))
+        if self._batcher is not None:
+            self._batcher.drop_sessions()
+
+
+def _cache_kw(model: Any) -> str:
+    """The forward's cache keyword: `cache` since transformers 5.2x, `past_key_values` before."""
+    import inspect
+
+    try:
+        return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "past_key_values"

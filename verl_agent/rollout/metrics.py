@@ -1,17 +1,54 @@
-"""`summarize(batch)`: the rollout metrics the trainer logs and `verl-agent rollout` prints.
+"""`summarize(trajectories)`: the rollout metrics the trainer logs and `verl-agent rollout` prints.
 
-A trajectory counts as a success when its reward is at least `success_threshold`
-(1.0 by default: the usual "correct answer" score; pass 0.5 or so for partial credit).
+A trajectory counts as a success when its reward is at least `SUCCESS_THRESHOLD`
+(1.0: the usual "correct answer" score). Metrics read only a few scalars of each
+trajectory (`TrajectorySummary`), so the trainer's workers send summaries, not
+trajectories, to the driver.
+
+Outcomes: `rollout/infra_failed` is the share of infrastructure failures and
+`rollout/infra_failed/<cause>` their count per cause; `rollout/policy_failed/<cause>`
+counts the model's own failures; `rollout/filtered` counts prompts dropped as overlong.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from verl_agent.protocol import RolloutBatch
+from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Trajectory
 
-__all__ = ["summarize"]
+__all__ = ["TrajectorySummary", "summarize"]
+
+
+@dataclass(frozen=True)
+class TrajectorySummary:
+    """The scalars of one trajectory that metrics need (a few hundred bytes, not its tokens)."""
+
+    uid: str
+    reward: float
+    outcome: str
+    cause: str | None
+    error: str | None
+    stop_reason: str
+    num_turns: int
+    num_tool_calls: float
+    num_tool_errors: float
+    response_length: int
+    prompt_length: int
+    model_tokens: int
+    seconds: float
+
+    @classmethod
+    def of(cls, t: Trajectory) -> TrajectorySummary:
+        m = t.metrics
+        return cls(uid=t.uid, reward=float(t.reward), outcome=t.outcome, cause=t.cause,
+                   error=t.error[:500] if t.error else None, stop_reason=t.stop_reason, num_turns=len(t.turns),
+                   num_tool_calls=float(m.get("num_tool_calls", 0.0)),
+                   num_tool_errors=float(m.get("num_tool_errors", 0.0)), response_length=len(t.response_ids),
+                   prompt_length=len(t.prompt_ids), model_tokens=t.num_model_tokens,
+                   seconds=float(m.get("seconds", 0.0)))  # fmt: skip
 
 
 def _stats(prefix: str, values: list[float]) -> dict[str, float]:
@@ -25,28 +62,33 @@ def _stats(prefix: str, values: list[float]) -> dict[str, float]:
     }
 
 
-def summarize(batch: RolloutBatch, success_threshold: float = 1.0) -> dict[str, float]:
-    """Flat name -> number metrics: success rate, reward stats, turns, tool calls/errors, lengths, stop reasons."""
-    trajs = batch.trajectories
+def summarize(trajectories: RolloutBatch | Iterable[Trajectory | TrajectorySummary]) -> dict[str, float]:
+    """Flat name -> number metrics: success rate, reward stats, outcomes, turns, tool calls, lengths, stops."""
+    items = trajectories.trajectories if isinstance(trajectories, RolloutBatch) else trajectories
+    trajs = [t if isinstance(t, TrajectorySummary) else TrajectorySummary.of(t) for t in items]
     n = len(trajs)
     if n == 0:
         return {"rollout/num_trajectories": 0.0}
-    m = lambda t, k: float(t.metrics.get(k, 0.0))  # noqa: E731
-    calls = sum(m(t, "num_tool_calls") for t in trajs)
+    calls = sum(t.num_tool_calls for t in trajs)
+    outcomes = Counter(t.outcome for t in trajs)
     out: dict[str, float] = {
         "rollout/num_trajectories": float(n),
-        "rollout/success_rate": sum(t.reward >= success_threshold for t in trajs) / n,
-        "rollout/error_rate": sum(t.error is not None for t in trajs) / n,
+        "rollout/success_rate": sum(t.reward >= SUCCESS_THRESHOLD for t in trajs) / n,
+        "rollout/infra_failed": outcomes["infra_failure"] / n,
+        "rollout/filtered": float(outcomes["filtered"]),
         "rollout/tool_calls_total": calls,
-        "rollout/tool_error_rate": sum(m(t, "num_tool_errors") for t in trajs) / max(1.0, calls),
-        "rollout/model_tokens_total": float(sum(t.num_model_tokens for t in trajs)),
+        "rollout/tool_errors_per_call": sum(t.num_tool_errors for t in trajs) / max(1.0, calls),
+        "rollout/model_tokens_total": float(sum(t.model_tokens for t in trajs)),
     }
+    for (outcome, cause), count in Counter((t.outcome, t.cause) for t in trajs if t.cause).items():
+        if outcome in ("infra_failure", "policy_failure"):
+            out[f"rollout/{outcome.replace('_failure', '_failed')}/{cause}"] = float(count)
     out.update(_stats("rollout/reward", [t.reward for t in trajs]))
-    out.update(_stats("rollout/num_turns", [float(len(t.turns)) for t in trajs]))
-    out.update(_stats("rollout/num_tool_calls", [m(t, "num_tool_calls") for t in trajs]))
-    out.update(_stats("rollout/response_length", [float(len(t.response_ids)) for t in trajs]))
-    out.update(_stats("rollout/prompt_length", [float(len(t.prompt_ids)) for t in trajs]))
-    out.update(_stats("rollout/seconds", [m(t, "seconds") for t in trajs]))
+    out.update(_stats("rollout/num_turns", [float(t.num_turns) for t in trajs]))
+    out.update(_stats("rollout/num_tool_calls", [t.num_tool_calls for t in trajs]))
+    out.update(_stats("rollout/response_length", [float(t.response_length) for t in trajs]))
+    out.update(_stats("rollout/prompt_length", [float(t.prompt_length) for t in trajs]))
+    out.update(_stats("rollout/seconds", [t.seconds for t in trajs]))
     for reason, count in Counter(t.stop_reason for t in trajs).items():
         out[f"rollout/stop/{reason}"] = count / n
     return out

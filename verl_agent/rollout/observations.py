@@ -45,6 +45,7 @@ class ToolTurn:
     num_errors: int = 0  # failed, refused or unparsable calls
     seconds: float = 0.0
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    infra: tuple[str, str] | None = None  # (cause, message) of the first infrastructure failure of a call
 
 
 def _tool_message(call: ToolCall | None, text: str) -> Message:
@@ -72,6 +73,8 @@ async def run_tool_calls(
         out.reward += float(res.reward)
         out.num_errors += 0 if res.ok else 1
         out.metrics.append(dict(res.metrics or {}))
+        if res.infra and out.infra is None:
+            out.infra = (res.infra, res.text)
     for call in refused:
         out.messages.append(
             _tool_message(

@@ -27,6 +27,8 @@ def trajectory_record(traj: Trajectory, tokenizer: Any = None, step: int | None 
         "data_source": traj.data_source,
         "reward": traj.reward,
         "stop_reason": traj.stop_reason,
+        "outcome": traj.outcome,
+        "cause": traj.cause,
         "error": traj.error,
         "messages": [m.to_chat() for m in traj.messages],
         "turns": [asdict(t) for t in traj.turns],
@@ -42,30 +44,47 @@ def trajectory_record(traj: Trajectory, tokenizer: Any = None, step: int | None 
 
 def write_records(path: str | Path, batch: RolloutBatch, tokenizer: Any = None, step: int | None = None,
                   append: bool = True) -> Path:  # fmt: skip
-    """Append (or write) one line per trajectory; returns the path."""
+    """Append (or write) one line per trajectory; returns the path.
+
+    The lines are written in one locked write, so several processes (the trainer's workers)
+    may append to the same file without interleaving.
+    """
+    import fcntl
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(trajectory_record(t, tokenizer, step), ensure_ascii=False) + "\n"
+                   for t in batch.trajectories)  # fmt: skip
     with path.open("a" if append else "w", encoding="utf-8") as f:
-        for t in batch.trajectories:
-            f.write(json.dumps(trajectory_record(t, tokenizer, step), ensure_ascii=False) + "\n")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            f.write(text)
+            f.flush()
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
     return path
 
 
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSONL file; ValueError names the file and line of a record that is not one."""
     with Path(path).open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    rec = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not a JSON record: {e}") from e
+                    raise ValueError(f"{path}:{lineno}: not a JSON record: {e}") from None
+                if not isinstance(rec, dict) or "uid" not in rec or "messages" not in rec:
+                    raise ValueError(f"{path}:{lineno}: not a trajectory record (needs 'uid' and 'messages')")
+                yield rec
 
 
 def format_record(rec: dict[str, Any]) -> str:
     """A few readable lines: header, then one line per message."""
+    outcome = rec.get("outcome", "ok") + (f"/{rec['cause']}" if rec.get("cause") else "")
     lines = [
-        f"== {rec['uid']}  reward={rec['reward']:.3f}  stop={rec['stop_reason']}  turns={len(rec.get('turns', []))}"
-        + (f"  error={rec['error']}" if rec.get("error") else "")
+        f"== {rec['uid']}  reward={rec.get('reward', 0.0):.3f}  {outcome}  stop={rec.get('stop_reason')}  "
+        f"turns={len(rec.get('turns', []))}" + (f"  error={rec['error']}" if rec.get("error") else "")
     ]
     for m in rec.get("messages", []):
         text = m.get("content") or ""

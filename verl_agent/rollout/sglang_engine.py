@@ -176,15 +176,6 @@ class SGLangEngine:
         self._param_names: set[str] | None = None
         self._released: set[str] = set()
 
-    @classmethod
-    def from_config(cls, cfg: Any) -> SGLangEngine:
-        """From a run config: actor_rollout_ref.rollout.sglang.{url, python, port, extra_args}."""
-        r, sg = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.rollout.sglang
-        extra = list(sg.extra_args)
-        if "--mem-fraction-static" not in extra:
-            extra += ["--mem-fraction-static", str(r.gpu_memory_utilization)]
-        return cls(sg.url, model_path=cfg.actor_rollout_ref.model.path, python=sg.python, port=sg.port, extra_args=extra)
-
     def _launch(self, python: str, host: str, port: int, extra: Sequence[str], env: Mapping[str, str] | None) -> None:
         cmd = [python, "-m", "sglang.launch_server", "--model-path", self.model_path, "--host", host,
                "--port", str(port), "--skip-tokenizer-init", *extra]  # fmt: skip
@@ -266,7 +257,11 @@ class SGLangEngine:
             names.add("lm_head.weight")
         self._param_names = names or None
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> GenerateOutput:
+        # `session` is accepted and not needed: SGLang's radix cache already reuses the KV of any prompt
+        # prefix it has seen, a session's previous turn included.
         await self.start()
         if not prompt_ids:
             raise ValueError("SGLangEngine.generate: prompt_ids is empty")
@@ -344,6 +339,9 @@ class SGLangEngine:
         """Load weights from a checkpoint directory the server can read."""
         await self.start()
         await self._call("POST", "/update_weights_from_disk", disk_payload(path, load_format))
+
+    async def release_session(self, session: str) -> None:
+        """Nothing to free: the radix cache evicts prefixes least-recently-used on its own."""
 
     async def sleep(self) -> None:
         """Release the weights' and KV cache's memory (GPU: needs ``--enable-memory-saver``)."""

@@ -3,13 +3,17 @@
     ToolError                  base of everything below
     ├── ToolConfigError        load time: bad YAML, missing class, bad schema, duplicate name.
     │                          Also a ValueError. The message names the file and the entry.
-    └── ToolArgumentError      call time: arguments the model produced do not match the schema.
-                               The message is written for the model: ToolSession turns it into
-                               the tool message "Error: <message>".
+    ├── ToolArgumentError      call time: arguments the model produced do not match the schema.
+    │                          The message is written for the model: ToolSession turns it into
+    │                          the tool message "Error: <message>" (a policy failure: reward signal).
+    └── ToolUnavailable        call time: the tool's own infrastructure failed (a sandbox that is down,
+                               a service that answers 5xx). Raise it from `execute` with a `cause`;
+                               the trajectory ends as an infrastructure failure (never reward).
 
-A tool's own failures (exceptions inside `execute`, timeouts) are not wrapped in a
-class here: ToolSession catches them per call and reports them to the model, so one
-bad call never ends the trajectory.
+Any other exception inside `execute`, and a timeout, is also an infrastructure failure
+(cause "tool_crash" / "tool_timeout"): ToolSession reports it in `ToolResult.infra`, and
+the agent loop ends that trajectory (never the others) and keeps it out of the loss.
+What the model gets wrong (unknown tool, bad JSON, schema mismatch) stays a policy failure.
 """
 
 from __future__ import annotations
@@ -25,3 +29,11 @@ class ToolConfigError(ToolError, ValueError):
 
 class ToolArgumentError(ToolError, ValueError):
     """The model's arguments do not fit the tool schema; the message is shown to the model."""
+
+
+class ToolUnavailable(ToolError, RuntimeError):
+    """The tool's infrastructure failed (not the model's call); `cause` names it, e.g. "sandbox_unavailable"."""
+
+    def __init__(self, message: str, cause: str = "tool_unavailable") -> None:
+        super().__init__(message)
+        self.cause = cause

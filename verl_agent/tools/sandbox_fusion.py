@@ -18,6 +18,7 @@ from typing import Any
 
 from verl_agent.sandbox.client import ClientLimits, SandboxClient, SandboxUnavailable
 from verl_agent.tools.base import BaseTool, ToolResponse
+from verl_agent.tools.errors import ToolUnavailable
 from verl_agent.tools.schema import OpenAIFunctionToolSchema
 
 __all__ = ["SandboxFusionTool"]
@@ -79,15 +80,17 @@ class SandboxFusionTool(BaseTool):
         try:
             resp = await self.client.run_code(code, language, run_timeout=self.timeout,
                                               memory_limit_MB=self.memory_mb, session_id=session)
-        except SandboxUnavailable as e:
-            return ToolResponse(text=f"Error: the sandbox is unavailable ({e})"), 0.0, {"status": "unavailable"}
+        except SandboxUnavailable as e:  # the server is down or overloaded: not the model's doing
+            raise ToolUnavailable(f"the sandbox is unavailable ({e})", cause="sandbox_unavailable") from e
         run = resp.run_result or resp.compile_result
+        if resp.status.value == "SandboxError":  # the sandbox itself failed (the code's own failures are "Failed")
+            raise ToolUnavailable(f"sandbox error: {resp.message or 'no message'}", cause="sandbox_error")
         metrics = {"status": resp.status.value, "run_status": run.status.value if run else None,
                    "execution_time": run.execution_time if run else None}
         return ToolResponse(text=self._format(resp, run)), 0.0, metrics
 
     def _format(self, resp, run) -> str:
-        if resp.status.value == "SandboxError" or run is None:
+        if run is None:
             return f"Error: sandbox error: {resp.message or 'no result'}"
         if resp.run_result is None and resp.compile_result is not None:
             head = "Compilation failed" if run.status.value == "Finished" else "Error: compilation timed out"

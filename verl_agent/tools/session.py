@@ -9,11 +9,13 @@
 `{tool_name: {create_kwargs, execute_kwargs, calc_reward_kwargs, release_kwargs}}`,
 each passed to the matching lifecycle method of that tool.
 
-Failure policy: whatever the model or a tool does wrong in one call (unknown tool,
-arguments that are not JSON or do not fit the schema, an exception, a timeout)
-becomes a `ToolResult(ok=False, text="Error: ...")` the model sees next turn. A
-tool whose `create` fails is reported the same way on every call to it. Only
-cancellation propagates. Every created instance is released on exit, also after
+Failure policy: whatever goes wrong in one call becomes a `ToolResult(ok=False,
+text="Error: ...")`; only cancellation propagates. What the model got wrong (unknown
+tool, arguments that are not JSON or do not fit the schema) is a policy failure the
+model sees next turn. What failed on our side (an exception inside `execute`, a
+timeout, `ToolUnavailable`, a `create` that failed) also sets `ToolResult.infra` to
+a cause ("tool_crash", "tool_timeout", "tool_create_failed", or the exception's
+cause): the agent loop ends that trajectory as an infrastructure failure. Every created instance is released on exit, also after
 an exception or cancellation (release runs shielded).
 
 A timeout cancels the awaiting coroutine; work a tool pushed to a thread keeps
@@ -33,7 +35,7 @@ from typing import Any
 
 from verl_agent.protocol import ToolCall
 from verl_agent.tools.base import BaseTool, ToolResponse
-from verl_agent.tools.errors import ToolArgumentError
+from verl_agent.tools.errors import ToolArgumentError, ToolUnavailable
 from verl_agent.tools.schema import validate_arguments
 
 __all__ = ["ToolResult", "ToolSession"]
@@ -53,6 +55,7 @@ class ToolResult:
     name: str = ""
     seconds: float = 0.0
     image: list | None = None
+    infra: str | None = None  # cause of an infrastructure failure (not the model's doing); None otherwise
 
 
 def _normalise(out: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
@@ -138,8 +141,8 @@ class ToolSession:
             self.stats["tool_errors"] += 1
         return result
 
-    def _fail(self, msg: str) -> ToolResult:
-        return ToolResult(text=f"Error: {msg}", ok=False)
+    def _fail(self, msg: str, infra: str | None = None) -> ToolResult:
+        return ToolResult(text=f"Error: {msg}", ok=False, infra=infra)
 
     async def _call(self, call: ToolCall) -> ToolResult:
         if not self._entered:
@@ -149,7 +152,8 @@ class ToolSession:
             names = ", ".join(f'"{n}"' for n in self.tools) or "none"
             return self._fail(f'unknown tool "{call.name}"; available tools: {names}')
         if call.name in self.create_errors:
-            return self._fail(f'tool "{call.name}" is unavailable: {self.create_errors[call.name]}')
+            return self._fail(f'tool "{call.name}" is unavailable: {self.create_errors[call.name]}',
+                              infra="tool_create_failed")
         args: Any = {} if call.arguments is None else call.arguments  # a call with no arguments at all
         if isinstance(args, str):  # a parser may hand over raw text when the model's JSON was odd
             try:
@@ -166,16 +170,23 @@ class ToolSession:
             resp, reward, metrics = _normalise(await asyncio.wait_for(coro, self.timeout))
         except asyncio.TimeoutError:
             self.stats["tool_timeouts"] += 1
-            return self._fail(f'tool "{call.name}" timed out after {self.timeout:g} s')
+            return self._fail(f'tool "{call.name}" timed out after {self.timeout:g} s', infra="tool_timeout")
         except asyncio.CancelledError:
             raise
+        except ToolUnavailable as e:
+            logger.warning("tool %r unavailable (%s): %s", call.name, e.cause, e)
+            return self._fail(f'tool "{call.name}" is unavailable: {e}', infra=e.cause)
         except Exception as e:
             logger.warning("tool %r raised %s: %s", call.name, type(e).__name__, e, exc_info=True)
-            return self._fail(f'tool "{call.name}" failed: {type(e).__name__}: {e}')
+            return self._fail(f'tool "{call.name}" failed: {type(e).__name__}: {e}', infra="tool_crash")
         return ToolResult(text=resp.text, reward=reward, metrics=metrics, image=resp.image)
 
     async def calc_reward(self) -> float:
-        """Sum of `calc_reward` over the created tools (calc_reward_kwargs applied; failures count 0)."""
+        """Sum of `calc_reward` over the created tools (calc_reward_kwargs applied).
+
+        A tool whose calc_reward raises makes this raise `RuntimeError` naming it: a reward that
+        failed to compute is an infrastructure failure, never a silent 0.0.
+        """
         total = 0.0
         for name, iid in self.instance_ids.items():
             try:
@@ -183,8 +194,8 @@ class ToolSession:
                 total += float(await asyncio.wait_for(coro, self.timeout) or 0.0)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                logger.exception("tool %r: calc_reward failed; counting 0.0", name)
+            except Exception as e:
+                raise RuntimeError(f'tool "{name}": calc_reward failed: {type(e).__name__}: {e}') from e
         return total
 
     def metrics(self) -> dict[str, float]:

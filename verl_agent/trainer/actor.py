@@ -8,10 +8,21 @@ by 0). Loss normalisation uses the GLOBAL token count of the mini-batch
 divided by the world size (FSDP averages gradients over ranks), so N ranks
 with micro-batches compute exactly the gradient of the whole mini-batch in one
 piece (tests/trainer/test_fsdp_invariance.py).
+
+Log-probs never materialise the [tokens, vocab] logits: the model's lm_head is
+switched to `LogProbHead`, which (only while `forward_log_probs` asks) turns the
+hidden states of the response positions straight into log-probs, a chunk of
+rows at a time (`losses.chunked_log_probs`), inside the model's own forward so
+FSDP gathers and reduces the head's weight as usual.
+
+On-policy shortcut: a sequence whose ``old_log_probs`` is None is trained
+against its own current log-probs, detached (ratio 1: the PPO gradient at
+ratio 1 without a separate forward pass).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -20,9 +31,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from verl_agent.trainer.algorithms import actor_loss, entropy_from_logits, value_loss
+from verl_agent.trainer.losses import chunked_log_probs
 from verl_agent.trainer.batch import TrainSeq, pack, pad_field, response_positions, split_by_tokens
 
-__all__ = ["MicroBatching", "forward_log_probs", "forward_values", "micro_batches", "update_actor", "update_critic"]
+__all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "forward_values", "micro_batches", "update_actor",
+           "update_critic"]
 
 _Z = torch.zeros(1)
 # Stands in for an empty micro-batch so that every rank runs the same collectives; its loss mask is 0.
@@ -61,19 +74,68 @@ def micro_batches(seqs: list[TrainSeq], mb: MicroBatching) -> list[list[TrainSeq
     return [[seqs[i] for i in g] for g in groups]
 
 
+class LogProbHead(nn.Linear):
+    """An lm_head that returns [1, R, 2] = (log-prob of the target, entropy) per kept row while ``request`` is set.
+
+    Set by `forward_log_probs` around one forward call (targets, temperature, with_entropy, chunk rows);
+    otherwise it is the plain linear layer (same parameter names, same tying), so generation, export and
+    weight sync see an ordinary model.
+    """
+
+    request: tuple[Tensor, float, bool, int] | None = None
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        if self.request is None:
+            return super().forward(hidden)
+        targets, temperature, with_entropy, chunk = self.request
+        logp, ent = chunked_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.weight, targets, temperature,
+                                      chunk, with_entropy)
+        return torch.stack([logp, ent if ent is not None else torch.zeros_like(logp)], -1)[None]
+
+
+def _fused_head(model: nn.Module) -> LogProbHead | None:
+    """The model's lm_head as a LogProbHead (switched on first use), or None where the fused path does not apply:
+    no plain bias-free linear head, no ``logits_to_keep`` argument, or logits post-processed after the head."""
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, LogProbHead):
+        return head
+    conf = getattr(model, "config", None)
+    if (type(head) is not nn.Linear or head.bias is not None
+            or "logits_to_keep" not in inspect.signature(type(model).forward).parameters
+            or getattr(conf, "final_logit_softcapping", None) or getattr(conf, "logit_scale", None)):
+        return None
+    head.__class__ = LogProbHead  # same object, parameters and hooks: only forward changes
+    return head
+
+
 def forward_log_probs(model: nn.Module, seqs: list[TrainSeq], temperature: float, device: torch.device,
-                      with_entropy: bool = False) -> tuple[list[Tensor], list[Tensor] | None]:
-    """Per-sequence log-probs of the response tokens (and entropies), from ONE packed forward."""
+                      with_entropy: bool = False, chunk_tokens: int = 2048, fused: bool = True,
+                      ) -> tuple[list[Tensor], list[Tensor] | None]:
+    """Per-sequence log-probs of the response tokens (and entropies), from ONE packed forward.
+
+    Only the response positions reach the head (``logits_to_keep``), and the vocabulary projection runs
+    ``chunk_tokens`` rows at a time, so fp32 logits exist for at most one chunk. ``fused=False`` takes the
+    plain path (full logits of the packed row, then log-softmax), kept as the reference.
+    """
     real = seqs or [_DUMMY]
     ids, pos = pack(real, device)
-    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
     rows = response_positions(real, device)
-    picked = logits[rows].float() / (temperature if temperature > 0 else 1.0)
     targets = ids[0, rows + 1]
-    logp = picked.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
     sizes = [s.response_len for s in real]
-    ent = list(entropy_from_logits(picked).split(sizes)) if with_entropy else None
-    return list(logp.split(sizes)), ent
+    head = _fused_head(model) if fused else None
+    if head is not None:
+        head.request = (targets, temperature, with_entropy, chunk_tokens)
+        try:
+            out = model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows).logits[0]
+        finally:
+            head.request = None
+        logp, ent = out[:, 0], (out[:, 1] if with_entropy else None)
+    else:
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+        picked = logits[rows].float() / (temperature if temperature > 0 else 1.0)
+        logp = picked.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+        ent = entropy_from_logits(picked) if with_entropy else None
+    return list(logp.split(sizes)), (list(ent.split(sizes)) if ent is not None else None)
 
 
 def forward_values(critic: nn.Module, seqs: list[TrainSeq], device: torch.device) -> list[Tensor]:
@@ -115,35 +177,52 @@ def _chunks(seqs: list[TrainSeq], k: int) -> list[list[TrainSeq]]:
 
 def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[TrainSeq], cfg, temperature: float,
                  device: torch.device, n_minibatches: int, mb: MicroBatching) -> dict[str, float]:
-    """ppo_epochs x mini-batches of clipped policy-gradient steps (``cfg`` = ActorConfig)."""
-    low = cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio
-    high = cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio
-    kl_coef = cfg.kl_loss_coef if cfg.use_kl_loss else 0.0
-    sums: dict[str, float] = defaultdict(float)
+    """ppo_epochs x mini-batches of clipped policy-gradient steps (``cfg`` = ActorConfig).
+
+    Metrics stay on the device until the end (one synchronisation per optimizer step, for the
+    gradient norm), so the host keeps queueing kernels while the device computes.
+    """
+    sums: dict[str, float | Tensor] = defaultdict(float)
     model.train()
     for _ in range(cfg.ppo_epochs):
         for mini in _chunks(seqs, n_minibatches):
             gtok, gseq = _global_counts(mini)
             for micro in micro_batches(mini, mb):
-                real = micro or [_DUMMY]
-                logp, ent = forward_log_probs(model, real, temperature, device, with_entropy=cfg.entropy_coeff != 0)
-                pad = lambda name: pad_field([getattr(s, name) for s in real], device)  # noqa: E731
-                loss, m = actor_loss(
-                    pad("old_log_probs"), pad_field(logp), pad("advantages"), pad("loss_mask"),
-                    loss_mode=cfg.policy_loss.loss_mode, clip_ratio_low=low, clip_ratio_high=high,
-                    clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
-                    entropy=pad_field(ent) if ent is not None else None, entropy_coeff=cfg.entropy_coeff,
-                    ref_log_prob=pad("ref_log_probs") if kl_coef else None, kl_loss_coef=kl_coef,
-                    kl_loss_type=cfg.kl_loss_type, global_token_count=gtok, global_seq_count=gseq,
-                )  # fmt: skip
+                loss, m = _actor_loss(model, micro or [_DUMMY], cfg, temperature, device, gtok, gseq)
                 loss.backward()
                 tokens = float(sum(s.loss_mask.sum() for s in micro))
                 for k, v in m.items():
-                    sums[k] += float(v) * (1.0 if k in ("pg_loss", "kl_loss", "entropy") else tokens)
+                    sums[k] = sums[k] + v * (1.0 if k in ("pg_loss", "kl_loss", "entropy") else tokens)
                 sums["_tokens"] += tokens
             sums["grad_norm"] += _clip_and_step(model, optimizer, cfg.grad_clip)
             sums["_steps"] += 1
     return _finish(sums)
+
+
+def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float, device: torch.device,
+                gtok: float, gseq: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """The actor objective of one micro-batch; a missing old log-prob is the current one, detached."""
+    logp, ent = forward_log_probs(model, real, temperature, device, with_entropy=cfg.entropy_coeff != 0)
+    kl_coef = cfg.kl_loss_coef if cfg.use_kl_loss else 0.0
+    old = [s.old_log_probs if s.old_log_probs is not None else lp.detach() for s, lp in zip(real, logp)]
+    return actor_loss(
+        _pad(old, device), pad_field(logp),
+        _pad([s.advantages for s in real], device), _pad([s.loss_mask for s in real], device),
+        loss_mode=cfg.policy_loss.loss_mode,
+        clip_ratio_low=cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio,
+        clip_ratio_high=cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio,
+        clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
+        entropy=pad_field(ent) if ent is not None else None, entropy_coeff=cfg.entropy_coeff,
+        ref_log_prob=_pad([s.ref_log_probs for s in real], device) if kl_coef else None, kl_loss_coef=kl_coef,
+        kl_loss_type=cfg.kl_loss_type, global_token_count=gtok, global_seq_count=gseq,
+    )  # fmt: skip
+
+
+def _pad(values: list[Tensor], device: torch.device) -> Tensor:
+    """pad_field with ONE host-to-device copy (host tensors are padded on the host first)."""
+    if all(v.device.type == "cpu" for v in values):
+        return pad_field(values).to(device, non_blocking=True)
+    return pad_field(values, device)
 
 
 def update_critic(critic: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[TrainSeq], cfg, grad_clip: float,
@@ -156,28 +235,27 @@ def update_critic(critic: nn.Module, optimizer: torch.optim.Optimizer, seqs: lis
             gtok, gseq = _global_counts(mini)
             for micro in micro_batches(mini, mb):
                 real = micro or [_DUMMY]
-                pad = lambda name: pad_field([getattr(s, name) for s in real], device)  # noqa: E731
+                pad = lambda name: _pad([getattr(s, name) for s in real], device)  # noqa: E731
                 loss, m = value_loss(pad_field(forward_values(critic, real, device)), pad("old_values"), pad("returns"),
                                      pad("loss_mask"), cfg.cliprange_value, cfg.loss_agg_mode,
                                      global_token_count=gtok, global_seq_count=gseq)  # fmt: skip
                 loss.backward()
                 tokens = float(sum(s.loss_mask.sum() for s in micro))
-                sums["vf_loss"] += float(loss)
-                sums["vf_clipfrac"] += float(m["vf_clipfrac"]) * tokens
+                sums["vf_loss"] = sums["vf_loss"] + loss.detach()
+                sums["vf_clipfrac"] = sums["vf_clipfrac"] + m["vf_clipfrac"] * tokens
                 sums["_tokens"] += tokens
             sums["critic_grad_norm"] += _clip_and_step(critic, optimizer, grad_clip)
             sums["_steps"] += 1
     return _finish(sums)
 
 
-def _finish(sums: dict[str, float]) -> dict[str, float]:
+def _finish(sums: dict[str, float | Tensor]) -> dict[str, float]:
     """Loss terms were normalised globally, so their sum over micro-batches is this rank's share;
     ratios are token-weighted."""
     steps, tokens = max(sums.pop("_steps", 1), 1), max(sums.pop("_tokens", 0), 1)
     out = {}
     for k, v in sums.items():
-        if k in ("pg_loss", "kl_loss", "entropy", "vf_loss", "grad_norm", "critic_grad_norm"):
-            out[k] = v / steps
-        else:
-            out[k] = v / tokens
+        v = float(v)  # the one host synchronisation of the metrics
+        out[k] = v / steps if k in ("pg_loss", "kl_loss", "entropy", "vf_loss", "grad_norm", "critic_grad_norm") \
+            else v / tokens
     return out

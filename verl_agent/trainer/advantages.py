@@ -16,6 +16,11 @@ before the first model token is an error. (verl's older loop restarted the
 return at every mask-0 token, which cut multi-turn credit assignment.)
 
 Singleton groups follow verl: mean 0 and std 1, so the advantage is the score.
+
+Sharded batches: group estimators need only their group, which the trainer keeps
+on one worker. Batch-wide whitening (``reinforce_plus_plus*``, ``gae``) takes an
+``all_reduce`` (sum over workers); with it, each worker's slice equals the slice
+of the whole batch whitened at once.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ from verl_agent.trainer.losses import masked_mean, masked_sum
 __all__ = [
     "AdvantageInputs", "ADV_ESTIMATORS", "register_adv_estimator", "get_adv_estimator",
     "compute_advantages", "group_ids_from_index", "masked_whiten", "scores_to_token_rewards",
-    "apply_kl_in_reward", "filter_uniform_groups",
+    "apply_kl_in_reward", "filter_uniform_groups", "AllReduce", "KLController", "make_kl_controller",
 ]
+
+AllReduce = Callable[..., Tensor]  # (tensor, op="sum"|"max") -> the tensor combined over the workers of a batch
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class AdvantageInputs:
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
     epsilon: float = 1e-6
+    all_reduce: AllReduce | None = None  # batch-wide statistics over workers (whitening); None: this batch only
 
 
 AdvantageFn = Callable[[AdvantageInputs], "tuple[Tensor, Tensor]"]
@@ -75,6 +83,7 @@ def compute_advantages(
     name: str, *, response_mask: Tensor, token_rewards: Tensor | None = None, scores: Tensor | None = None,
     group_index: Tensor | Sequence[Hashable] | None = None, values: Tensor | None = None,
     gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
+    all_reduce: AllReduce | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Run estimator ``name``; give ``token_rewards`` [B,T] or ``scores`` [B] (or both).
 
@@ -100,7 +109,7 @@ def compute_advantages(
         token_rewards = scores_to_token_rewards(scores, response_mask)
     gids = None if group_index is None else group_ids_from_index(group_index, B)
     inputs = AdvantageInputs(token_rewards.float(), scores.float(), response_mask, gids, values,
-                             gamma, lam, norm_adv_by_std_in_grpo, epsilon)
+                             gamma, lam, norm_adv_by_std_in_grpo, epsilon, all_reduce)
     return fn(inputs)
 
 
@@ -167,7 +176,7 @@ def reinforce_pp_baseline_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tenso
     gids = _need_groups(inp, "reinforce_plus_plus_baseline")
     count, total, _ = _group_stats(inp.scores, gids)
     adv = inp.scores - torch.where(count[gids] == 1, 0.0, (total / count)[gids])
-    adv = masked_whiten(_broadcast(adv, inp.response_mask), inp.response_mask)
+    adv = masked_whiten(_broadcast(adv, inp.response_mask), inp.response_mask, all_reduce=inp.all_reduce)
     return adv, adv
 
 
@@ -182,7 +191,7 @@ def reinforce_pp_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
         running = rewards[:, t] + inp.gamma * running
         returns[:, t] = running
     returns = _unpack(returns, mask)
-    return masked_whiten(returns, mask), returns
+    return masked_whiten(returns, mask, all_reduce=inp.all_reduce), returns
 
 
 @register_adv_estimator("gae")
@@ -201,7 +210,7 @@ def gae_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
         adv[:, t] = last
         next_value = values[:, t]
     returns = _unpack(adv + values, mask)
-    return masked_whiten(_unpack(adv, mask), mask), returns
+    return masked_whiten(_unpack(adv, mask), mask, all_reduce=inp.all_reduce), returns
 
 
 def _pack_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
@@ -240,11 +249,20 @@ def _unpack(packed: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), torch.gather(packed, 1, step), 0.0)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
-    """(x - mean) / sqrt(var + eps) over masked-in entries (unbiased var, as verl); 0 off the mask."""
-    mean = masked_mean(x, mask)
-    n = mask.sum()
-    var = masked_sum((x - mean).square(), mask) / (n - 1).clamp(min=1)
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, all_reduce: AllReduce | None = None) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over masked-in entries (unbiased var, as verl); 0 off the mask.
+
+    With ``all_reduce`` the mean and variance are those of all workers' entries together.
+    """
+    if all_reduce is None:
+        mean = masked_mean(x, mask)
+        n = mask.sum()
+        var = masked_sum((x - mean).square(), mask) / (n - 1).clamp(min=1)
+    else:
+        total = all_reduce(torch.stack([masked_sum(x, mask), mask.sum()]).double())
+        mean, n = (total[0] / total[1].clamp(min=1)).to(x.dtype), total[1]
+        var = (all_reduce(masked_sum((x - mean).square(), mask).double().reshape(1))[0] / (n - 1).clamp(min=1))
+        var = var.to(x.dtype)
     return torch.where(mask.bool(), (x - mean) * torch.rsqrt(var + eps), 0.0)
 
 
@@ -279,3 +297,32 @@ def filter_uniform_groups(scores: Tensor, group_index: Tensor | Sequence[Hashabl
     lo = torch.full((G,), torch.inf, device=s.device).scatter_reduce(0, gids, s, "amin")
     count = torch.zeros(G, device=s.device).index_add_(0, gids, torch.ones_like(s))
     return ((hi - lo) > atol)[gids] | (count[gids] == 1)
+
+
+class KLController:
+    """The in-reward KL coefficient (``algorithm.kl_ctrl``): fixed, or verl's adaptive controller.
+
+    Adaptive (Ziegler et al. 2019): after each step, with the batch's mean KL per sequence,
+    ``coef *= 1 + clip(kl / target_kl - 1, -0.2, 0.2) * n_sequences / horizon``.
+    """
+
+    def __init__(self, kind: str, kl_coef: float, target_kl: float = 0.1, horizon: int = 10000) -> None:
+        if kind not in ("fixed", "adaptive"):
+            raise ValueError(f"algorithm.kl_ctrl.type must be fixed or adaptive, got {kind!r}")
+        self.kind, self.value, self.target, self.horizon = kind, float(kl_coef), float(target_kl), int(horizon)
+
+    def update(self, current_kl: float, n_sequences: int) -> None:
+        if self.kind == "adaptive":
+            error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error * n_sequences / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
+
+def make_kl_controller(kl_ctrl) -> KLController:
+    """From ``algorithm.kl_ctrl`` (KLCtrlConfig)."""
+    return KLController(kl_ctrl.type, kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)

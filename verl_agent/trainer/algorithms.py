@@ -19,8 +19,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from verl_agent.trainer.advantages import (
-    ADV_ESTIMATORS, AdvantageInputs, apply_kl_in_reward, compute_advantages, filter_uniform_groups,
-    get_adv_estimator, group_ids_from_index, masked_whiten, register_adv_estimator, scores_to_token_rewards,
+    ADV_ESTIMATORS, AdvantageInputs, AllReduce, KLController, apply_kl_in_reward, compute_advantages,
+    filter_uniform_groups, get_adv_estimator, group_ids_from_index, make_kl_controller, masked_whiten,
+    register_adv_estimator, scores_to_token_rewards,
 )
 from verl_agent.trainer.losses import (
     KL_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES, PolicyLossFn, agg_loss, compute_policy_loss,
@@ -31,7 +32,7 @@ from verl_agent.trainer.losses import (
 __all__ = [
     "ADV_ESTIMATORS", "AdvantageInputs", "apply_kl_in_reward", "compute_advantages", "filter_uniform_groups",
     "get_adv_estimator", "group_ids_from_index", "masked_whiten", "register_adv_estimator",
-    "scores_to_token_rewards", "KL_PENALTIES", "LOSS_AGG_MODES", "POLICY_LOSSES", "PolicyLossFn", "agg_loss",
+    "scores_to_token_rewards", "AllReduce", "KLController", "make_kl_controller", "KL_PENALTIES", "LOSS_AGG_MODES", "POLICY_LOSSES", "PolicyLossFn", "agg_loss",
     "compute_policy_loss", "entropy_from_logits", "get_policy_loss", "gspo_policy_loss", "kl_penalty",
     "masked_mean", "masked_sum", "register_policy_loss", "value_loss", "vanilla_policy_loss", "actor_loss",
 ]

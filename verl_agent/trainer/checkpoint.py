@@ -13,6 +13,11 @@ A checkpoint directory is written as ``.tmp`` by all ranks, then the driver
 renames it (an atomic rename on one filesystem) and updates the "latest" file.
 A crash at any point leaves the previous checkpoint and "latest" intact.
 Multi-node runs need the run directory on storage every node can write.
+
+Both writers stream: DCP writes each rank's own shards with several threads
+(no full state is ever assembled), and `export_hf` gathers the full weights a
+bucket at a time on the device and writes safetensors files of ``shard_bytes``,
+so host memory holds at most one file's worth of tensors.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 __all__ = ["CKPT_DIR", "LATEST", "tmp_dir", "finalize", "latest_checkpoint", "driver_state", "restore_driver_rng",
-           "save_shards", "load_shards"]
+           "save_shards", "load_shards", "export_hf"]
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest_checkpointed_iteration.txt"
@@ -82,13 +88,20 @@ def restore_driver_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
 
 
-def save_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: every rank writes its shard of model + optimizer state (DCP)."""
+def save_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                threads: int = 8) -> None:
+    """Collective: every rank writes its shard of model + optimizer state (DCP), ``threads`` files at once.
+
+    Files are not fsync'ed one by one (DCP's ``sync_files``): the checkpoint only becomes "latest"
+    after its directory is renamed into place, and a machine that loses power loses the page cache
+    of the last checkpoint at worst, while fsync would make every save wait for the disk.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / name))
+    writer = dcp.FileSystemWriter(str(path / name), thread_count=threads, sync_files=False)
+    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
 
 
 def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -100,3 +113,93 @@ def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path / name))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def export_hf(model: nn.Module, model_path: str, tokenizer_path: str, out_dir: str | Path, rank: int,
+              dtype: torch.dtype | None = None, shard_bytes: int = 2 << 30) -> str | None:
+    """Collective: write the full (unsharded) model as a Hugging Face folder; rank 0 writes, returns out_dir there.
+
+    Streams: parameters are gathered on the device a bucket at a time (`iter_full_param_buckets`),
+    copied to host memory only for the safetensors file being written (at most ``shard_bytes``,
+    plus one bucket), then freed. Config and generation config come from ``model_path``, the
+    tokenizer from ``tokenizer_path``. ``dtype`` (default: the parameters' own) is what is written,
+    and the config says so. Everything lands in ``out_dir.tmp`` first and is renamed into place, so a
+    reader never sees a half-written export. Tied weights are written once, as transformers does.
+    """
+    from safetensors.torch import save_file
+
+    from verl_agent.trainer.fsdp import iter_full_param_buckets
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    names = [n for n, _ in model.named_parameters()] + _persistent_buffers(model)
+    plan = _plan_files(model, names, dtype, shard_bytes)
+    pending: dict[str, torch.Tensor] = {}
+    file_of = {n: f for f, group in plan.items() for n in group}
+    left = {f: set(group) for f, group in plan.items()}
+    buffers = dict(model.named_buffers())
+    gathered = ((n, t) for bucket in iter_full_param_buckets(model, min(shard_bytes, 512 << 20), dtype)
+                for n, t in bucket)
+    for name, tensor in _chain(gathered, ((n, buffers[n]) for n in names if n in buffers)):
+        if rank != 0:
+            continue
+        pending[name] = tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
+        f = file_of[name]
+        left[f].discard(name)
+        if not left[f]:  # this file is complete: write it and drop its tensors
+            save_file({n: pending.pop(n) for n in plan[f]}, str(tmp / f), metadata={"format": "pt"})
+    if rank != 0:
+        return None
+    if len(plan) > 1:
+        total = sum(model.get_parameter(n).numel() * (dtype or model.get_parameter(n).dtype).itemsize
+                    for n in names if n not in buffers)
+        index = {"metadata": {"total_size": total}, "weight_map": {n: f for n, f in sorted(file_of.items())}}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    _write_configs(model_path, tokenizer_path, tmp, dtype or next(model.parameters()).dtype)
+    shutil.rmtree(out, ignore_errors=True)
+    os.rename(tmp, out)
+    return str(out)
+
+
+def _chain(*iterables):
+    for it in iterables:
+        yield from it
+
+
+def _persistent_buffers(model: nn.Module) -> list[str]:
+    keys = set(model.state_dict().keys())
+    return [n for n, _ in model.named_buffers() if n in keys]
+
+
+def _plan_files(model: nn.Module, names: list[str], dtype: torch.dtype | None, shard_bytes: int) -> dict[str, list[str]]:
+    """File name -> tensor names, in order, each file at most shard_bytes (a bigger tensor gets its own)."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    sizes = {n: t.numel() * (dtype or t.dtype).itemsize
+             for n, t in list(model.named_parameters()) + list(model.named_buffers())}
+    for n in names:
+        if groups[-1] and size + sizes[n] > shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(n)
+        size += sizes[n]
+    if len(groups) == 1:
+        return {"model.safetensors": groups[0]}
+    k = len(groups)
+    return {f"model-{i + 1:05d}-of-{k:05d}.safetensors": g for i, g in enumerate(groups)}
+
+
+def _write_configs(model_path: str, tokenizer_path: str, out: Path, dtype: torch.dtype) -> None:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    config.dtype = dtype
+    config.save_pretrained(out)
+    try:
+        GenerationConfig.from_pretrained(model_path).save_pretrained(out)
+    except OSError:  # the source has no generation_config.json: neither does the export
+        pass
+    AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out)

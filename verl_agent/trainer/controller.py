@@ -6,13 +6,14 @@ group with one bundle per node (``trainer.nnodes``), STRICT_SPREAD so each
 bundle is a different node; a bundle holds that node's workers
 (``trainer.n_gpus_per_node`` GPUs, or ``trainer.num_cpu_workers / nnodes`` CPUs
 for CPU training). Nothing here generates methods: the loop calls worker
-methods directly through `WorkerGroup.call` / `call_sharded`.
+methods directly through `WorkerGroup`'s typed methods (one per worker method).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,10 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from verl_agent.trainer.worker import TrainWorker
+from verl_agent.protocol import Sample
+from verl_agent.rollout.engine import SamplingParams
+from verl_agent.trainer.batch import TrainSeq
+from verl_agent.trainer.worker import AdvantageResult, RolloutResult, TrainWorker
 
 logger = logging.getLogger(__name__)
 
@@ -75,12 +79,19 @@ def unshard(parts: Sequence[Sequence[T]]) -> list[T]:
 
 @dataclass
 class WorkerGroup:
-    """`world_size` TrainWorkers in one process group, placed on `nnodes` nodes."""
+    """`world_size` TrainWorkers in one process group, placed on `nnodes` nodes.
+
+    Typed calls: each method below calls the worker method of the same name on every rank
+    (rank i gets shard i where data is sharded) and returns typed results in rank order.
+    Only small things cross the driver boundary; `bytes_moved` counts them (pickled size of
+    arguments and results, the same encoding Ray uses for them).
+    """
 
     cfg: Any  # RunConfig
     workers: list = field(default_factory=list)
     pg: Any = None
     info: list[dict] = field(default_factory=list)
+    bytes_moved: int = 0
 
     @property
     def world_size(self) -> int:
@@ -109,31 +120,69 @@ class WorkerGroup:
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank // per_node)
             opts = {"num_cpus": 1, "num_gpus": 1 if gpus else 0, "scheduling_strategy": strategy}
             group.workers.append(TrainWorker.options(**opts).remote(cfg_dict, rank, world))
-        addr, port = group.call_one(0, "node_address")
-        group.info = group.call("setup", addr, port)
+        addr, port = group._get([group.workers[0].node_address.remote()], "node_address")[0]
+        group.info = group._get([w.setup.remote(addr, port) for w in group.workers], "setup")
         logger.info("%d workers ready: %s", world, [(i["rank"], i["node"], i["device"]) for i in group.info])
         return group
 
+    # -- typed calls -----------------------------------------------------------------------------
+
+    def rollout(self, samples: Sequence[Sample], n: int, sampling: SamplingParams, step: int,
+                validate: bool = False) -> list[RolloutResult]:  # fmt: skip
+        """Prompts sharded contiguously over ranks (whole GRPO groups per rank); one result per rank."""
+        shards = shard_list(samples, self.world_size)
+        self._count(shards, (n, sampling, step) * self.world_size)
+        return self._get([w.rollout.remote(s, n, sampling, step, validate) for w, s in zip(self.workers, shards)],
+                         "rollout")
+
+    def set_sequences(self, shards: Sequence[Sequence[TrainSeq]]) -> None:
+        """Hand rank i the training sequences shards[i] (offline data; tests)."""
+        assert len(shards) == self.world_size, (len(shards), self.world_size)
+        self._count(shards)
+        self._get([w.set_sequences.remote(list(s)) for w, s in zip(self.workers, shards)], "set_sequences")
+
+    def compute_log_probs(self, n_minibatches: int) -> dict[str, float]:
+        """Batch-wide metrics (all-reduced on the workers: rank 0's answer is everyone's)."""
+        return self._get([w.compute_log_probs.remote(n_minibatches) for w in self.workers], "compute_log_probs")[0]
+
+    def compute_advantages(self, kl_coef: float) -> AdvantageResult:
+        return self._get([w.compute_advantages.remote(kl_coef) for w in self.workers], "compute_advantages")[0]
+
+    def update(self, n_minibatches: int, step: int, update_actor: bool) -> list[dict[str, float]]:
+        """Per-rank update metrics."""
+        return self._get([w.update.remote(n_minibatches, step, update_actor) for w in self.workers], "update")
+
+    def sync_weights(self) -> float:
+        """Slowest rank's seconds."""
+        return max(self._get([w.sync_weights.remote() for w in self.workers], "sync_weights"))
+
+    def check_sync(self, prompts: list[list[int]]) -> list[float]:
+        return self._get([w.check_sync.remote(prompts) for w in self.workers], "check_sync")
+
+    def save_checkpoint(self, path: str) -> None:
+        self._get([w.save_checkpoint.remote(path) for w in self.workers], "save_checkpoint")
+
+    def load_checkpoint(self, path: str) -> None:
+        self._get([w.load_checkpoint.remote(path) for w in self.workers], "load_checkpoint")
+
+    def export_hf(self, path: str) -> str:
+        """Rank 0's export path."""
+        return self._get([w.export_hf.remote(path) for w in self.workers], "export_hf")[0]
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def _count(self, *objs: Any) -> None:
+        self.bytes_moved += sum(len(pickle.dumps(o)) for o in objs)
+
     def _get(self, refs: list, what: str) -> list:
         try:
-            return ray.get(refs)
+            out = ray.get(refs)
         except ray.exceptions.RayActorError as e:
             raise WorkerFailure(f"a worker died during {what}: {e}") from e
         except ray.exceptions.RayTaskError as e:
             raise WorkerFailure(f"{what} raised on a worker: {e}") from e
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list:
-        """The same call on every rank (collective methods); results in rank order."""
-        return self._get([getattr(w, method).remote(*args, **kwargs) for w in self.workers], method)
-
-    def call_one(self, rank: int, method: str, *args: Any) -> Any:
-        return self._get([getattr(self.workers[rank], method).remote(*args)], method)[0]
-
-    def call_sharded(self, method: str, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list:
-        """Rank i gets shards[i] as its first argument; results in rank order."""
-        assert len(shards) == self.world_size, (len(shards), self.world_size)
-        refs = [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
-        return self._get(refs, method)
+        self._count(out)
+        return out
 
     def shutdown(self, graceful: bool = True) -> None:
         """Stop the workers (after a failure: kill at once, a dead one is already gone) and free the placement group."""

@@ -5,6 +5,11 @@
     -> metrics -> checkpoint (trainer.save_freq) -> validation (trainer.test_freq)
 
 The driver (this process) owns the loop; `WorkerGroup` holds the Ray workers.
+Data stays on the worker that generated it: the driver sends prompts and settings
+and gets back per-trajectory summaries and metrics (`perf/driver_bytes` per step).
+Infrastructure failures never become reward: workers keep them out of the loss, the
+metrics count them per cause, and a step whose share of them exceeds
+trainer.max_infra_failure_fraction stops the run naming the cause and an example.
 A worker that dies or a step that raises stops the run with `TrainingError`
 naming the step and the last complete checkpoint; rerunning the same command
 resumes from it (trainer.resume_mode=auto).
@@ -16,19 +21,21 @@ import logging
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from verl_agent.config import RunConfig, save_config
+from verl_agent.rollout.metrics import summarize
 from verl_agent.trainer import checkpoint as ckpt
-from verl_agent.trainer.controller import WorkerGroup, init_ray, shard_list, unshard
-from verl_agent.trainer.prepare import assign_advantages, attach, filter_groups, to_train_shards, train_metrics
+from verl_agent.trainer.algorithms import make_kl_controller
+from verl_agent.trainer.controller import WorkerGroup, init_ray
 from verl_agent.trainer.tracking import Tracker, timer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainResult", "TrainingError", "train", "add_cli", "run_train_cli"]
+__all__ = ["TrainResult", "TrainingError", "InfraFailureError", "train", "add_cli", "run_train_cli"]
 
 
 class TrainingError(RuntimeError):
@@ -51,17 +58,17 @@ def train(cfg: RunConfig) -> TrainResult:
     """Run GRPO/PPO training as configured; see the module docstring."""
     from tqdm import tqdm
 
-    from verl_agent.data import StreamingDataset
-    from verl_agent.rollout import summarize
+    from verl_agent.rollout.build import load_split, sampling_params, train_dataset
 
-    t = cfg.trainer
+    t, rollout_cfg = cfg.trainer, cfg.actor_rollout_ref.rollout
     run_dir = cfg.run_dir
-    dataset = StreamingDataset(cfg.data.train_files, cfg.data.prompt_key, cfg.data.answer_key, cfg.data.shuffle,
-                               cfg.data.seed, cfg.data.skip_bad_rows)
+    dataset = train_dataset(cfg.data)
     cfg = _with_total_steps(cfg)
     total = cfg.trainer.total_training_steps
     save_config(cfg, run_dir / "config.yaml")
-    val_samples = _load_val(cfg)
+    val_samples = load_split(cfg.data, "val") if cfg.data.val_files else []
+    n_mini = max(1, cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+    kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
     started_ray = init_ray(t.ray_address)
     group, tracker, step, last_ckpt = None, None, 0, None
     result = TrainResult(run_dir=run_dir, steps=total)
@@ -73,53 +80,56 @@ def train(cfg: RunConfig) -> TrainResult:
             state = _resume(group, dataset, last_ckpt)
             step = result.resumed_from = state["step"]
             result.val_before = state.get("val_before", {})
+            kl_ctrl.load_state_dict(state.get("kl_ctrl", kl_ctrl.state_dict()))
         tracker = Tracker(run_dir, t.logger, append=step > 0)
         tracker.truncate_after(step)
         if step == 0 and t.val_before_train and val_samples:
-            result.val_before = _validate(group, val_samples, cfg, summarize)
+            result.val_before = _validate(group, val_samples, cfg, 0)
             tracker.log(0, result.val_before, write=print)
         batches = dataset.batches(cfg.data.train_batch_size)
-        rollout_cfg = cfg.actor_rollout_ref.rollout
         bar = tqdm(range(step + 1, total + 1), desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
         for step in bar:
             m: dict[str, Any] = {}
+            bytes0 = group.bytes_moved
             with timer("step", m):
                 samples = next(batches)
                 with timer("rollout", m):
-                    sampling = {"temperature": rollout_cfg.temperature, "top_p": rollout_cfg.top_p,
-                                "top_k": rollout_cfg.top_k, "seed": _step_seed(t.seed, step)}
-                    outs = group.call_sharded("rollout", shard_list(samples, group.world_size), rollout_cfg.n, sampling)
-                    trajs = [o[0] for o in outs]
-                    m["time/reward"] = max(o[1] for o in outs)
-                    m["time/tools"] = max(o[2] for o in outs)
-                    m.update(summarize(_batch(unshard(trajs))))
-                shards, m["rollout/dropped"] = to_train_shards(trajs)
+                    sampling = sampling_params(rollout_cfg, cfg.data, seed=_step_seed(t.seed, step))
+                    outs = group.rollout(samples, rollout_cfg.n, sampling, step)
+                    summaries = [s for o in outs for s in o.summaries]
+                    m["time/reward"] = max(o.reward_seconds for o in outs)
+                    m["time/tools"] = max(o.tool_seconds for o in outs)
+                    m.update(summarize(summaries))
+                    m.update({k: sum(o.counts.get(k, 0.0) for o in outs) for k in set().union(*(o.counts for o in outs))})
+                    _check_infra_failures(summaries, t.max_infra_failure_fraction)
                 with timer("log_probs", m):
-                    attach(shards, group.call_sharded("compute_log_probs", shards))
-                    m.update(train_metrics(unshard(shards)))
+                    m.update(group.compute_log_probs(n_mini))
                 with timer("advantages", m):
-                    m.update(assign_advantages(unshard(shards), cfg.algorithm))
-                    if cfg.algorithm.filter_groups.enable:
-                        shards, m["rollout/kept_fraction"] = filter_groups(shards)
+                    adv = group.compute_advantages(kl_ctrl.value)
+                    m.update(adv.metrics)
+                    kl_ctrl.update(adv.kl, adv.sequences)
+                if adv.sequences == 0:
+                    raise RuntimeError("no trainable trajectory in this step (all were infrastructure failures, "
+                                       "filtered, or dropped groups); see rollout/infra_failed/* and train/*")
                 with timer("update", m):
-                    n_mini = max(1, cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
-                    per_rank = group.call_sharded("update", shards, n_mini, step > t.critic_warmup)
-                    m.update(_mean_over_ranks(per_rank, prefix="actor/"))
+                    m.update(_mean_over_ranks(group.update(n_mini, step, step > t.critic_warmup), prefix="actor/"))
                 with timer("weight_sync", m):
-                    m["time/weight_sync_worker"] = max(group.call("sync_weights"))
+                    m["time/weight_sync_worker"] = group.sync_weights()
             m.setdefault("actor/kl", m.get("actor/ppo_kl", 0.0))
+            m["perf/driver_bytes"] = float(group.bytes_moved - bytes0)
             if (t.save_freq > 0 and step % t.save_freq == 0) or step == total:
                 with timer("checkpoint", m):
-                    last_ckpt = _save(group, run_dir, step, dataset, result.val_before)
+                    last_ckpt = _save(group, run_dir, step, dataset,
+                                      {"val_before": result.val_before, "kl_ctrl": kl_ctrl.state_dict()})
             if t.test_freq > 0 and step % t.test_freq == 0 and step != total and val_samples:
-                m.update(_validate(group, val_samples, cfg, summarize))
+                m.update(_validate(group, val_samples, cfg, step))
             tracker.log(step, m, write=bar.write)
             result.history.append(m)
         if val_samples:
-            result.val_after = _validate(group, val_samples, cfg, summarize)
+            result.val_after = _validate(group, val_samples, cfg, total)
             tracker.log(total, result.val_after, write=print)
-        result.export_dir = Path(group.call("export_hf", str(run_dir / "hf_model"))[0])
-    except Exception as e:  # WorkerFailure (dead worker / raising step) or a driver-side error
+        result.export_dir = Path(group.export_hf(str(run_dir / "hf_model")))
+    except Exception as e:  # WorkerFailure (dead worker / raising step), too many infra failures, driver errors
         where = f"last complete checkpoint: {last_ckpt}" if last_ckpt else "no checkpoint was written yet"
         if group is not None:
             group.shutdown(graceful=False)
@@ -139,6 +149,25 @@ def train(cfg: RunConfig) -> TrainResult:
     return result
 
 
+class InfraFailureError(RuntimeError):
+    """Too many of a step's trajectories failed for infrastructure reasons (trainer.max_infra_failure_fraction)."""
+
+
+def _check_infra_failures(summaries: list, max_fraction: float) -> None:
+    """Stop the step when infrastructure failures exceed their allowed share; name the main cause and an example."""
+    failed = [s for s in summaries if s.outcome == "infra_failure"]
+    if not summaries or len(failed) / len(summaries) <= max_fraction:
+        return
+    causes = Counter(s.cause for s in failed)
+    cause, count = causes.most_common(1)[0]
+    example = next(s for s in failed if s.cause == cause)
+    raise InfraFailureError(
+        f"{len(failed)} of {len(summaries)} trajectories failed for infrastructure reasons "
+        f"(> trainer.max_infra_failure_fraction={max_fraction}); causes: {dict(causes)}. "
+        f"Example ({cause}, prompt {example.uid}): {example.error}"
+    )
+
+
 # -- helpers (small, called from train) ------------------------------------------------------------
 
 
@@ -155,22 +184,9 @@ def _with_total_steps(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def _load_val(cfg: RunConfig) -> list:
-    from verl_agent.data import load_samples
-
-    return [s for f in cfg.data.val_files for s in load_samples(f, prompt_key=cfg.data.prompt_key,
-                                                                  answer_key=cfg.data.answer_key)]
-
-
 def _step_seed(seed: int, step: int) -> int:
     """Rollout seed of a step: a resumed run samples exactly what the uninterrupted run sampled."""
     return random.Random(f"{seed}:{step}").randrange(1 << 40)
-
-
-def _batch(trajs: list):
-    from verl_agent.protocol import RolloutBatch
-
-    return RolloutBatch(trajectories=trajs)
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]], prefix: str) -> dict[str, float]:
@@ -183,14 +199,15 @@ def _mean_over_ranks(per_rank: list[dict[str, float]], prefix: str) -> dict[str,
     return out
 
 
-def _validate(group: WorkerGroup, samples: list, cfg: RunConfig, summarize) -> dict[str, float]:
+def _validate(group: WorkerGroup, samples: list, cfg: RunConfig, step: int) -> dict[str, float]:
     """Held-out rollouts with rollout.val_kwargs (greedy by default); metrics under val/."""
-    vk = cfg.actor_rollout_ref.rollout.val_kwargs
-    sampling = {"temperature": vk.temperature if vk.do_sample else 0.0, "top_p": vk.top_p, "top_k": vk.top_k,
-                "seed": _step_seed(cfg.trainer.seed, -1)}
+    from verl_agent.rollout.build import sampling_params
+
+    r = cfg.actor_rollout_ref.rollout
+    sampling = sampling_params(r, cfg.data, seed=_step_seed(cfg.trainer.seed, -1), validate=True)
     t0 = time.perf_counter()
-    outs = group.call_sharded("rollout", shard_list(samples, group.world_size), vk.n, sampling)
-    m = summarize(_batch(unshard([o[0] for o in outs])))
+    outs = group.rollout(samples, r.val_kwargs.n, sampling, step, validate=True)
+    m = summarize([s for o in outs for s in o.summaries])
     out = {k.replace("rollout/", "val/", 1): v for k, v in m.items()}
     out["time/validation"] = time.perf_counter() - t0
     return out
@@ -211,17 +228,17 @@ def _resume(group: WorkerGroup, dataset, path: Path) -> dict:
     import json
 
     state = json.loads((path / "driver_state.json").read_text())
-    group.call("load_checkpoint", str(path))
+    group.load_checkpoint(str(path))
     dataset.load_state_dict(state["data"])
     ckpt.restore_driver_rng(state)
     logger.info("resumed from %s (step %d)", path, state["step"])
     return state
 
 
-def _save(group: WorkerGroup, run_dir: Path, step: int, dataset, val_before: dict) -> Path:
+def _save(group: WorkerGroup, run_dir: Path, step: int, dataset, extra: dict) -> Path:
     tmp = ckpt.tmp_dir(run_dir, step)
-    group.call("save_checkpoint", str(tmp))
-    return ckpt.finalize(tmp, ckpt.driver_state(step, dataset.state_dict(), {"val_before": val_before}))
+    group.save_checkpoint(str(tmp))
+    return ckpt.finalize(tmp, ckpt.driver_state(step, dataset.state_dict(), extra))
 
 
 def _print_summary(result: TrainResult, tracker: Tracker | None) -> None:

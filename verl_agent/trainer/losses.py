@@ -24,7 +24,7 @@ __all__ = [
     "LOSS_AGG_MODES", "KL_PENALTIES", "POLICY_LOSSES", "PolicyLossFn",
     "masked_sum", "masked_mean", "agg_loss", "kl_penalty", "entropy_from_logits",
     "register_policy_loss", "get_policy_loss", "compute_policy_loss", "vanilla_policy_loss",
-    "gspo_policy_loss", "value_loss",
+    "gspo_policy_loss", "value_loss", "chunked_log_probs",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -121,6 +121,79 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the softmax over the last dim: logsumexp(z) - sum softmax(z) z."""
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    """log softmax(h W^T / T)[target] (and entropy) computed ``chunk`` rows at a time.
+
+    Only one chunk's logits [chunk, V] ever exist (in fp32); the backward pass
+    recomputes them chunk by chunk instead of keeping them, like a fused
+    linear-cross-entropy. Numerics follow the plain path: the matmul runs in the
+    weight's dtype (bf16 under mixed precision) and everything after it in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, inv_temp: float, chunk: int,
+                with_entropy: bool) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(logp)
+        ent = torch.empty_like(logp) if with_entropy else torch.zeros(0, device=hidden.device)
+        for a in range(0, n, chunk):
+            z = _chunk_logits(hidden[a:a + chunk], weight, inv_temp)
+            lse[a:a + chunk] = z.logsumexp(-1)
+            logp[a:a + chunk] = z.gather(-1, targets[a:a + chunk, None]).squeeze(-1) - lse[a:a + chunk]
+            if with_entropy:
+                z.sub_(lse[a:a + chunk, None])  # z is now log p
+                ent[a:a + chunk] = -(z.exp() * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        ctx.inv_temp, ctx.chunk, ctx.with_entropy = inv_temp, chunk, with_entropy
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp: Tensor, g_ent: Tensor):
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        use_ent = ctx.with_entropy and g_ent is not None
+        for a in range(0, hidden.shape[0], ctx.chunk):
+            h = hidden[a:a + ctx.chunk]
+            logp = _chunk_logits(h, weight, ctx.inv_temp).sub_(lse[a:a + ctx.chunk, None])
+            p = logp.exp()
+            g = g_logp[a:a + ctx.chunk, None].float()
+            gz = p * -g  # d log p_t / dz = onehot(t) - p
+            gz.scatter_add_(-1, targets[a:a + ctx.chunk, None], g)
+            if use_ent:  # dH/dz = -p (log p + H)
+                gz -= p * (logp + ent[a:a + ctx.chunk, None]) * g_ent[a:a + ctx.chunk, None].float()
+            gz = (gz * ctx.inv_temp).to(weight.dtype)
+            if grad_h is not None:
+                grad_h[a:a + ctx.chunk] = gz @ weight
+            if grad_w is not None:
+                grad_w += (gz.t() @ h).float()
+        return grad_h, grad_w.to(weight.dtype) if grad_w is not None else None, None, None, None, None
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, inv_temp: float) -> Tensor:
+    z = (h @ weight.t()).float()
+    return z.mul_(inv_temp) if inv_temp != 1.0 else z
+
+
+def chunked_log_probs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0,
+                      chunk: int = 2048, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``targets`` [N] under softmax(hidden [N, H] @ weight [V, H]^T / temperature), fp32.
+
+    Equal to ``(hidden @ weight.T).float().div(T).log_softmax(-1).gather(targets)`` (and
+    ``entropy_from_logits`` of the same logits when ``with_entropy``), differentiable in
+    ``hidden`` and ``weight``, but the [N, V] logits never exist at once: with a 152k
+    vocabulary they would take 0.6 GB per 1k tokens in fp32, several times over in backward.
+    """
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"chunked_log_probs: hidden must be [N, H] and targets [N], got {tuple(hidden.shape)} "
+                         f"and {tuple(targets.shape)}")
+    inv_temp = 1.0 / temperature if temperature > 0 else 1.0
+    logp, ent = _ChunkedLogProbs.apply(hidden, weight, targets, inv_temp, max(1, chunk), with_entropy)
+    return logp, (ent if with_entropy else None)
 
 
 class PolicyLossFn(Protocol):

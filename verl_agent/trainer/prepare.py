@@ -1,90 +1,142 @@
-"""Driver-side data steps between rollout and update: trajectories -> TrainSeqs -> advantages -> metrics.
+"""From a worker's trajectories to training sequences with advantages (runs on the worker that rolled them out).
 
-Each rank trains on the trajectories it rolled out itself (its GRPO groups are
-complete there), so shards stay aligned with ranks; advantages are computed on
-the driver over the whole batch with the registered estimator.
+    seqs, counts = train_seqs(trajectories, group_estimator=True)      # failure rules applied
+    ... old / ref log-probs and values are attached by the worker ...
+    metrics, kl = assign_advantages(seqs, algorithm, kl_coef, all_reduce)
+    seqs, kept = filter_groups(seqs, algorithm.filter_groups.metric, all_reduce)
+
+Failure rules: infrastructure failures and filtered prompts never reach the loss, and
+a group (same uid) that lost members to them and keeps fewer than 2 is dropped, since
+a group estimator cannot compare one sample with nothing. GRPO groups are whole on one
+worker, so group statistics are local; batch-wide statistics (whitening, metrics)
+come from `all_reduce`, which sums over the workers.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
-from verl_agent.protocol import Trajectory
+from verl_agent.protocol import SUCCESS_THRESHOLD, Trajectory
 from verl_agent.trainer.algorithms import (
-    apply_kl_in_reward, compute_advantages, filter_uniform_groups, kl_penalty, scores_to_token_rewards,
+    AllReduce, apply_kl_in_reward, compute_advantages, filter_uniform_groups, kl_penalty, scores_to_token_rewards,
 )
 from verl_agent.trainer.batch import TrainSeq, from_trajectory, pad_field
 
-__all__ = ["to_train_shards", "attach", "assign_advantages", "filter_groups", "train_metrics"]
+__all__ = ["GROUP_ESTIMATORS", "train_seqs", "assign_advantages", "filter_groups", "log_prob_metrics"]
+
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 
 
-def to_train_shards(shards: list[list[Trajectory]]) -> tuple[list[list[TrainSeq]], int]:
-    """Per-rank TrainSeqs; trajectories without prompt or response tokens are dropped (returned count)."""
-    out, dropped = [], 0
-    for trajs in shards:
-        keep = [t for t in trajs if t.prompt_ids and t.response_ids]
-        dropped += len(trajs) - len(keep)
-        out.append([from_trajectory(t) for t in keep])
-    return out, dropped
+def _local(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """The all-reduce of a single worker: nothing to combine."""
+    return t
 
 
-def attach(shards: list[list[TrainSeq]], outputs: list[list[dict]]) -> None:
-    """Store compute_log_probs results (old/ref log-probs, values, entropy) on the sequences."""
-    for seqs, outs in zip(shards, outputs):
-        for s, o in zip(seqs, outs):
-            s.old_log_probs, s.ref_log_probs = o["old_log_probs"], o.get("ref_log_probs")
-            s.old_values = o.get("old_values")
-            s.extra["entropy"] = o["entropy"]
+def train_seqs(trajs: list[Trajectory], group_estimator: bool) -> tuple[list[TrainSeq], dict[str, float]]:
+    """Trainable trajectories as TrainSeqs, and counts of what was left out and why."""
+    usable = [t for t in trajs if t.trainable]
+    size, left = Counter(t.uid for t in trajs), Counter(t.uid for t in usable)
+    dropped = {uid for uid in left if group_estimator and left[uid] < size[uid] and left[uid] < 2}
+    seqs = [from_trajectory(t) for t in usable if t.uid not in dropped]
+    counts = {"train/excluded_trajectories": float(len(trajs) - len(usable)),
+              "train/dropped_groups": float(len(dropped)), "train/sequences": float(len(seqs))}
+    return seqs, counts
 
 
-def assign_advantages(seqs: list[TrainSeq], algo) -> dict[str, float]:
-    """Run ``algorithm.adv_estimator`` over the whole batch and write advantages/returns per sequence."""
-    if not seqs:
-        return {}
-    mask = pad_field([s.loss_mask for s in seqs])
+def assign_advantages(seqs: list[TrainSeq], algo, kl_coef: float, all_reduce: AllReduce = _local
+                      ) -> tuple[dict[str, float], float]:  # fmt: skip
+    """Run algorithm.adv_estimator on this worker's sequences; returns (batch-wide metrics, mean KL per sequence).
+
+    With algorithm.use_kl_in_reward the token rewards get ``- kl_coef * KL(old || ref)``.
+    """
+    mask = pad_field([s.loss_mask for s in seqs]) if seqs else torch.zeros(0, 1)
     scores = torch.tensor([s.score for s in seqs], dtype=torch.float32)
     token_rewards = scores_to_token_rewards(scores, mask)
-    metrics = {}
+    metrics, kl_mean = {}, 0.0
     if algo.use_kl_in_reward:
-        if seqs[0].ref_log_probs is None:
-            raise ValueError("algorithm.use_kl_in_reward needs reference log-probs (the worker builds a ref model)")
-        old, ref = pad_field([s.old_log_probs for s in seqs]), pad_field([s.ref_log_probs for s in seqs])
-        kl = kl_penalty(old, ref, algo.kl_penalty)
-        token_rewards = apply_kl_in_reward(token_rewards, kl, algo.kl_ctrl.kl_coef, mask)
-        metrics["reward/kl_penalty"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
-    values = pad_field([s.old_values for s in seqs]) if algo.adv_estimator == "gae" else None
-    adv, ret = compute_advantages(
-        algo.adv_estimator, response_mask=mask, token_rewards=token_rewards, group_index=[s.uid for s in seqs],
-        values=values, gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-    )  # fmt: skip
-    for i, s in enumerate(seqs):
-        s.advantages, s.returns = adv[i, : s.response_len].clone(), ret[i, : s.response_len].clone()
-    metrics["actor/advantage_abs_mean"] = float((adv.abs() * mask).sum() / mask.sum().clamp(min=1))
-    return metrics
+        if seqs and (seqs[0].ref_log_probs is None or seqs[0].old_log_probs is None):
+            raise ValueError("algorithm.use_kl_in_reward needs old and reference log-probs")
+        old = pad_field([s.old_log_probs for s in seqs]) if seqs else mask
+        ref = pad_field([s.ref_log_probs for s in seqs]) if seqs else mask
+        kl = kl_penalty(old, ref, algo.kl_penalty) * mask
+        token_rewards = apply_kl_in_reward(token_rewards, kl, kl_coef, mask)
+        per_seq = kl.sum(-1) / mask.sum(-1).clamp(min=1)
+        tot = all_reduce(torch.tensor([float(kl.sum()), float(mask.sum()), float(per_seq.sum()), len(seqs)],
+                                      dtype=torch.float64))
+        metrics["reward/kl_penalty"] = float(tot[0] / tot[1].clamp(min=1))
+        metrics["reward/kl_coef"] = kl_coef
+        kl_mean = float(tot[2] / tot[3].clamp(min=1))
+    for s, r in zip(seqs, token_rewards):
+        s.extra["final_reward"] = float(r.sum())
+    if seqs:
+        values = pad_field([s.old_values for s in seqs]) if algo.adv_estimator == "gae" else None
+        adv, ret = compute_advantages(
+            algo.adv_estimator, response_mask=mask, token_rewards=token_rewards, group_index=[s.uid for s in seqs],
+            values=values, gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            all_reduce=all_reduce,
+        )  # fmt: skip
+        for i, s in enumerate(seqs):
+            s.advantages, s.returns = adv[i, : s.response_len].clone(), ret[i, : s.response_len].clone()
+        abs_sum = float((adv.abs() * mask).sum())
+    else:  # still take part in the collectives of the others
+        if algo.adv_estimator not in GROUP_ESTIMATORS:
+            empty = torch.zeros(0, 1)
+            compute_advantages(algo.adv_estimator, response_mask=empty, token_rewards=empty, group_index=[],
+                               values=empty if algo.adv_estimator == "gae" else None, gamma=algo.gamma,
+                               lam=algo.lam, all_reduce=all_reduce)  # fmt: skip
+        abs_sum = 0.0
+    tot = all_reduce(torch.tensor([abs_sum, float(mask.sum())], dtype=torch.float64))
+    metrics["actor/advantage_abs_mean"] = float(tot[0] / tot[1].clamp(min=1))
+    return metrics, kl_mean
 
 
-def filter_groups(shards: list[list[TrainSeq]]) -> tuple[list[list[TrainSeq]], float]:
-    """DAPO dynamic sampling: drop groups whose scores are all equal; returns (shards, kept fraction)."""
-    flat = [s for seqs in shards for s in seqs]
-    if not flat:
-        return shards, 0.0
-    keep = filter_uniform_groups(torch.tensor([s.score for s in flat]), [s.uid for s in flat]).tolist()
-    kept = {id(s) for s, k in zip(flat, keep) if k}
-    return [[s for s in seqs if id(s) in kept] for seqs in shards], len(kept) / len(flat)
+def filter_groups(seqs: list[TrainSeq], metric: str, all_reduce: AllReduce = _local
+                  ) -> tuple[list[TrainSeq], float]:  # fmt: skip
+    """DAPO dynamic sampling: drop groups whose `metric` is the same for all members; returns (kept, kept share).
+
+    metric (algorithm.filter_groups.metric): score / seq_reward = the reward, seq_final_reward = the
+    reward after the in-reward KL penalty, acc = success (reward >= 1).
+    """
+    if metric in ("score", "seq_reward"):
+        values = [s.score for s in seqs]
+    elif metric == "seq_final_reward":
+        values = [s.extra["final_reward"] for s in seqs]
+    elif metric == "acc":
+        values = [float(s.score >= SUCCESS_THRESHOLD) for s in seqs]
+    else:
+        raise ValueError(f"algorithm.filter_groups.metric must be score, seq_reward, seq_final_reward or acc, "
+                         f"got {metric!r}")
+    keep = filter_uniform_groups(torch.tensor(values), [s.uid for s in seqs]).tolist() if seqs else []
+    kept = [s for s, k in zip(seqs, keep) if k]
+    tot = all_reduce(torch.tensor([len(kept), len(seqs)], dtype=torch.float64))
+    return kept, float(tot[0] / tot[1].clamp(min=1))
 
 
-def train_metrics(seqs: list[TrainSeq]) -> dict[str, float]:
-    """Entropy, KL to the reference, and rollout-vs-actor log-prob agreement over model tokens."""
-    if not seqs:
-        return {}
-    tokens = sum(float(s.loss_mask.sum()) for s in seqs) or 1.0
-    wsum = lambda f: sum(float((f(s) * s.loss_mask).sum()) for s in seqs) / tokens  # noqa: E731
-    out = {"actor/entropy": wsum(lambda s: s.extra["entropy"])}
-    diffs = [((s.rollout_log_probs - s.old_log_probs).abs() * s.loss_mask)
-             for s in seqs if s.rollout_log_probs is not None and s.response_len]
-    if diffs:  # engine vs actor on the same tokens: a health check of the weight sync
-        out["rollout/actor_logprob_diff_mean"] = sum(float(d.sum()) for d in diffs) / tokens
-        out["rollout/actor_logprob_diff_max"] = max(float(d.max()) for d in diffs)
-    if seqs[0].ref_log_probs is not None:
-        out["actor/kl"] = wsum(lambda s: kl_penalty(s.old_log_probs, s.ref_log_probs, "low_var_kl"))
+def log_prob_metrics(seqs: list[TrainSeq], all_reduce: AllReduce = _local) -> dict[str, float]:
+    """Entropy, KL to the reference, and engine-vs-actor log-prob agreement, over all workers' model tokens.
+
+    Entropy and the agreement need the actor's old log-probs (absent on the on-policy shortcut).
+    """
+    have_old = bool(seqs) and seqs[0].old_log_probs is not None and "entropy" in seqs[0].extra
+    have_ref = bool(seqs) and seqs[0].ref_log_probs is not None
+    wsum = lambda f: sum(float((f(s) * s.loss_mask).sum()) for s in seqs)  # noqa: E731
+    diff = lambda s: (s.rollout_log_probs - s.old_log_probs).abs()  # noqa: E731
+    local = torch.tensor([
+        sum(float(s.loss_mask.sum()) for s in seqs), float(have_old), float(have_ref),
+        wsum(lambda s: s.extra["entropy"]) if have_old else 0.0,
+        wsum(diff) if have_old else 0.0,
+        wsum(lambda s: kl_penalty(s.old_log_probs, s.ref_log_probs, "low_var_kl")) if have_old and have_ref else 0.0,
+    ], dtype=torch.float64)  # fmt: skip
+    dmax = max((float((diff(s) * s.loss_mask).max()) for s in seqs if s.response_len), default=0.0) if have_old else 0
+    tot, top = all_reduce(local), all_reduce(torch.tensor([dmax], dtype=torch.float64), "max")
+    tokens, out = float(tot[0]) or 1.0, {}
+    if tot[1] > 0:
+        out["actor/entropy"] = float(tot[3]) / tokens
+        out["rollout/actor_logprob_diff_mean"] = float(tot[4]) / tokens
+        out["rollout/actor_logprob_diff_max"] = float(top[0])
+        if tot[2] > 0:
+            out["actor/kl"] = float(tot[5]) / tokens
     return out
+

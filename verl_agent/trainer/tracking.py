@@ -59,10 +59,6 @@ class Tracker:
 
             self.tb_dir = run_dir / "tensorboard"
             self.tb = SummaryWriter(str(self.tb_dir))
-        unknown = set(loggers) - {"console", "tensorboard"}
-        if unknown:
-            logger.warning("trainer.logger: ignoring unsupported loggers %s (supported: console, tensorboard)",
-                           sorted(unknown))
         if not append and self.path.exists():
             self.path.unlink()
 

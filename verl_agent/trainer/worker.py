@@ -1,16 +1,18 @@
-"""`TrainWorker`: one Ray actor per rank, holding the FSDP2 actor (+ ref, + critic) and an engine replica.
+"""`TrainWorker`: one Ray actor per rank, holding the FSDP2 actor (+ ref, + critic), an engine replica and its data.
 
-Hybrid engine: the engine is a separate plain copy of the policy on the same
-device (an HFEngine in this process, or this rank's own SGLang server with
-`actor_rollout_ref.rollout.name=sglang`). After every update `sync_weights` all-gathers the sharded parameters
-bucket by bucket (`DTensor.full_tensor`) and copies them into the engine in
-memory; no file is written. The engine sleeps (drops its caches, and on GPU
-moves its weights off the device) during training and wakes up before the
-sync.
+Data stays where it was made: `rollout` keeps this rank's trajectories and answers
+with per-trajectory summaries (scalars); `compute_log_probs`, `compute_advantages`
+and `update` work on those trajectories in place and answer with metrics. GRPO groups
+are whole on one rank (the controller shards prompts, the n samples of a prompt run
+here), so group advantages are local; batch-wide statistics come from all-reduces.
 
-All methods are plain methods called directly by the controller
-(``worker.method.remote(...)``); the collective ones (everything except
-`rollout` and `node_address`) must be called on every rank together.
+Hybrid engine: the engine is a separate plain copy of the policy on the same device
+(an HFEngine in this process, or this rank's own SGLang server). After every update
+`sync_weights` gathers the sharded parameters bucket by bucket and copies them into the
+engine in memory. With rollout.free_cache_engine the engine sleeps (drops caches; on GPU
+its weights leave the device) while the actor trains.
+
+Every method except `node_address` and `rollout` is collective: call it on all ranks.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
+import random
 import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,25 +31,52 @@ import ray
 import torch
 import torch.distributed as dist
 
+from verl_agent.protocol import Sample, Trajectory
+from verl_agent.rollout.engine import SamplingParams
+from verl_agent.rollout.metrics import TrajectorySummary
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.actor import (
-    MicroBatching, forward_log_probs, forward_values, micro_batches, update_actor, update_critic,
+    MicroBatching, _all_reduce, forward_log_probs, forward_values, micro_batches, update_actor, update_critic,
 )
 from verl_agent.trainer.batch import TrainSeq
-from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, resolve_model_path, shard
+from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
+from verl_agent.trainer.prepare import GROUP_ESTIMATORS, assign_advantages, filter_groups, log_prob_metrics, train_seqs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainWorker", "reward_spec"]
+__all__ = ["TrainWorker", "RolloutResult", "AdvantageResult", "old_log_probs_from_actor"]
 
 
-def reward_spec(cfg) -> str | None:
-    """data.reward_fn, else verl's custom_reward_function.{path,name}, else None (tools/interactions score)."""
-    if cfg.data.reward_fn:
-        return cfg.data.reward_fn
-    if cfg.custom_reward_function.path:
-        return f"{cfg.custom_reward_function.path}:{cfg.custom_reward_function.name}"
-    return None
+@dataclass
+class RolloutResult:
+    """What one rank's rollout sends to the driver: scalars per trajectory, not tokens."""
+
+    summaries: list[TrajectorySummary] = field(default_factory=list)
+    reward_seconds: float = 0.0  # summed over concurrent trajectories (they overlap)
+    tool_seconds: float = 0.0
+    counts: dict[str, float] = field(default_factory=dict)  # what the failure rules left out (prepare.train_seqs)
+
+
+@dataclass
+class AdvantageResult:
+    metrics: dict[str, float]
+    kl: float  # batch mean of the per-sequence KL in the reward (for the adaptive KL controller)
+    sequences: int  # sequences of the whole batch that enter the update
+
+
+def old_log_probs_from_actor(actor_cfg, n_minibatches: int, kl_in_reward: bool) -> bool:
+    """Does PPO's old log-prob need its own actor forward pass? (actor.old_log_prob_source)
+
+    auto: only when the batch is not trained on-policy in one step (several epochs or
+    mini-batches), or when the in-reward KL needs it; otherwise the update uses its own
+    log-probs, detached (ratio 1: the same gradient, one forward pass fewer).
+    """
+    src = actor_cfg.old_log_prob_source
+    if src == "actor":
+        return True
+    if src == "rollout":
+        return False
+    return actor_cfg.ppo_epochs > 1 or n_minibatches > 1 or kl_in_reward
 
 
 def _free_port() -> int:
@@ -69,6 +99,10 @@ class _TimedReward:
             self.seconds += time.perf_counter() - t0
 
 
+def _reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    return _all_reduce(t, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+
+
 @ray.remote
 class TrainWorker:
     def __init__(self, cfg: dict, rank: int, world_size: int) -> None:
@@ -79,39 +113,52 @@ class TrainWorker:
         logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
         self._loop = asyncio.new_event_loop()  # one loop for the worker's life: the engine's batcher lives on it
         self.critic = self.ref = None
+        self.trajs: list[Trajectory] = []  # this rank's trajectories of the current step
+        self.seqs: list[TrainSeq] = []  # ... those that may be trained on, as training sequences
 
     def node_address(self) -> tuple[str, int]:
         """(IP of this node, a free port): where rank 0 hosts the process-group rendezvous."""
         return ray.util.get_node_ip_address(), _free_port()
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
-        """Join the process group, build the sharded actor (ref, critic), optimizers and the engine replica."""
+        """Join the process group, build the sharded actor (ref, critic), optimizers and the rollout parts."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from verl_agent.rollout.build import import_external_lib, resolve_model_path
+
         cfg, arr = self.cfg, self.cfg.actor_rollout_ref
-        gpu = self.cfg.trainer.n_gpus_per_node > 0 and self.cfg.trainer.device != "cpu"
+        gpu = cfg.trainer.n_gpus_per_node > 0 and cfg.trainer.device != "cpu"
         self.device = torch.device("cuda", 0) if gpu else torch.device("cpu")
         if gpu:
             torch.cuda.set_device(self.device)
         dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
                                 rank=self.rank, world_size=self.world_size)
-        from torch.distributed.device_mesh import init_device_mesh
-
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         torch.manual_seed(cfg.trainer.seed)
+        import_external_lib(arr.model)
         self.model_path = resolve_model_path(arr.model.path)
 
-        def build(grad_ckpt: bool) -> torch.nn.Module:
-            return load_causal_lm(self.model_path, arr.model.dtype, grad_ckpt).to(self.device)
+        def build(grad_ckpt: bool, offload: bool) -> torch.nn.Module:
+            model = load_causal_lm(self.model_path, arr.model.dtype, grad_ckpt, arr.model.trust_remote_code)
+            return model if offload else model.to(self.device)  # offloaded shards stay on the host
 
-        self.actor = shard(build(arr.model.enable_gradient_checkpointing), self.mesh, self.device.type,
-                           arr.actor.fsdp_config.reshard_after_forward)
+        fc = arr.actor.fsdp_config
+        self.actor = shard(build(arr.model.enable_gradient_checkpointing, fc.param_offload), self.mesh,
+                           self.device.type, fc.reshard_after_forward, fc.param_offload)
         self.optim, self.sched = self._optimizer(self.actor, arr.actor.optim)
         if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-            self.ref = shard(build(False).eval().requires_grad_(False), self.mesh, self.device.type)
+            rc = arr.ref.fsdp_config
+            self.ref = shard(build(False, rc.param_offload).eval().requires_grad_(False), self.mesh,
+                             self.device.type, rc.reshard_after_forward, rc.param_offload)
         if cfg.algorithm.adv_estimator == "gae":
             self._build_critic()
-        self.mb = MicroBatching(arr.actor.use_dynamic_bsz, arr.actor.ppo_max_token_len_per_gpu,
-                                arr.actor.ppo_micro_batch_size_per_gpu)
-        self._build_engine()
+        a = arr.actor
+        self.mb = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size_per_gpu)
+        self.mb_log_prob = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
+                                         arr.rollout.log_prob_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu)
+        self.mb_ref = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
+                                    arr.ref.log_prob_micro_batch_size_per_gpu or self.mb_log_prob.per_gpu)
+        self._build_rollout()
         n_params = sum(p.numel() for p in self.actor.parameters())  # DTensor.numel() is the full size
         return {"rank": self.rank, "device": str(self.device), "node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(),
@@ -123,6 +170,7 @@ class TrainWorker:
         return opt, make_scheduler(opt, optim_cfg, self.cfg.trainer.total_training_steps or 1)
 
     def _build_critic(self) -> None:
+        from verl_agent.rollout.build import resolve_model_path
         from verl_agent.trainer.fsdp import ValueModel
 
         c = self.cfg.critic
@@ -130,107 +178,131 @@ class TrainWorker:
         critic = ValueModel(path, self.cfg.actor_rollout_ref.model.dtype, c.model.enable_gradient_checkpointing)
         self.critic = shard(critic.to(self.device), self.mesh, self.device.type)
         self.critic_optim, self.critic_sched = self._optimizer(self.critic, c.optim)
+        self.mb_critic = MicroBatching(self.mb.dynamic, self.mb.max_tokens, c.ppo_micro_batch_size_per_gpu)
 
-    def _build_engine(self) -> None:
-        from transformers import AutoTokenizer
-
-        from verl_agent.interactions import load_interactions
-        from verl_agent.reward import load_reward_fn
-        from verl_agent.rollout import AgentLoop, HFEngine
-        from verl_agent.tools import load_tools
-
-        arr, data = self.cfg.actor_rollout_ref, self.cfg.data
-        if arr.rollout.name == "sglang":
-            self.engine = self._launch_sglang()
-        else:
-            replica = load_causal_lm(self.model_path, arr.rollout.dtype or arr.model.dtype)
-            self.engine = HFEngine(replica, device=str(self.device), max_batch_size=arr.rollout.max_batch_size,
-                                   seed=self.cfg.trainer.seed + self.rank)
-        tok = AutoTokenizer.from_pretrained(arr.model.tokenizer_path or self.model_path)
-        mt = arr.rollout.multi_turn
-        spec = reward_spec(self.cfg)
-        self.reward_timer = _TimedReward(load_reward_fn(spec)) if spec else None
-        tools = load_tools(mt.tool_config_path) if mt.enable else {}
-        self.agent = AgentLoop(self.engine, tok, arr.rollout, tools=tools,
-                               interactions=load_interactions(mt.interaction_config_path),
-                               reward_fn=self.reward_timer,
-                               max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length)
-
-    def _launch_sglang(self) -> Any:
-        """This rank's own SGLang server on this rank's device (Ray sets CUDA_VISIBLE_DEVICES), on a free port.
-
-        A server URL in the config is refused: every rank pushes its weights into its own replica.
-        """
-        from verl_agent.rollout.sglang_engine import SGLangEngine
+    def _build_rollout(self) -> None:
+        """Engine replica, tokenizer, reward and agent loop: built exactly as `verl-agent rollout` builds them."""
+        from verl_agent.rollout.build import build_rollout
 
         r = self.cfg.actor_rollout_ref.rollout
-        if r.sglang.url:
-            raise ValueError("actor_rollout_ref.rollout.sglang.url is for `verl-agent rollout`: the trainer launches "
-                             "one SGLang server per worker (leave url unset)")
-        extra = list(r.sglang.extra_args)  # on GPU add --enable-memory-saver so that sleep() frees memory
-        if "--mem-fraction-static" not in extra:
-            extra += ["--mem-fraction-static", str(r.gpu_memory_utilization)]
-        engine = SGLangEngine(model_path=self.model_path, python=r.sglang.python, extra_args=extra, env=r.sglang.env)
-        self._loop.run_until_complete(engine.start())
-        return engine
+        model = self.model_path
+        if r.name == "hf":  # a plain (unsharded) replica of the policy in this process
+            model = load_causal_lm(self.model_path, r.dtype or self.cfg.actor_rollout_ref.model.dtype,
+                                   trust_remote_code=self.cfg.actor_rollout_ref.model.trust_remote_code)
+        parts = build_rollout(self.cfg, model=model, device=str(self.device), seed=self.cfg.trainer.seed + self.rank,
+                              own_server=True)
+        self.engine, self.tokenizer, self.agent = parts.engine, parts.tokenizer, parts.agent
+        self.reward_timer = self.agent.reward_fn = _TimedReward(parts.reward_fn) if parts.reward_fn else None
+        if r.name == "sglang":
+            self._loop.run_until_complete(self.engine.start())
 
     # -- rollout -------------------------------------------------------------------------------
 
-    def rollout(self, samples: list, n: int, sampling: dict) -> tuple[list, float, float]:
-        """Multi-turn rollouts of this rank's prompts on its engine replica (n per prompt).
+    def rollout(self, samples: list[Sample], n: int, sampling: SamplingParams, step: int,
+                validate: bool = False) -> RolloutResult:  # fmt: skip
+        """Multi-turn rollouts of this rank's prompts (n per prompt) on its engine replica.
 
-        Returns (trajectories, reward seconds, tool seconds); the seconds are summed over trajectories,
-        which run concurrently, so they overlap each other and generation. A given seed is offset by
-        the rank so ranks never sample alike.
+        Training rollouts are kept for the following calls; with trainer.log_trajectories every
+        trajectory is appended to <run dir>/trajectories/{step_N,val_step_N}.jsonl. A seed is
+        offset by the rank so ranks never sample alike.
         """
-        from verl_agent.rollout import SamplingParams
+        from dataclasses import replace
 
-        if sampling.get("seed") is not None:
-            sampling = {**sampling, "seed": sampling["seed"] + self.rank * 1_000_003}
-        sp = SamplingParams(max_new_tokens=self.cfg.data.max_response_length, **sampling)
+        from verl_agent.rollout.build import rollout_in_chunks
+        from verl_agent.rollout.records import write_records
+
+        if sampling.seed is not None:
+            sampling = replace(sampling, seed=sampling.seed + self.rank * 1_000_003)
+        if not validate:
+            self.trajs, self.seqs = [], []
         if not samples:
-            return [], 0.0, 0.0
+            return RolloutResult()
         reward0 = self.reward_timer.seconds if self.reward_timer else 0.0
-        trajs = self._loop.run_until_complete(self.agent.run(samples, n, sp)).trajectories
-        reward_s = (self.reward_timer.seconds - reward0) if self.reward_timer else 0.0
-        return trajs, reward_s, sum(turn.tool_seconds for t in trajs for turn in t.turns)
+        chunk = -(-self.cfg.data.val_batch_size // self.world_size) if validate and self.cfg.data.val_batch_size else None
+        trajs = self._loop.run_until_complete(rollout_in_chunks(self.agent, samples, n, sampling, chunk))
+        counts = {}
+        if not validate:
+            self.trajs = trajs
+            self.seqs, counts = train_seqs(trajs, self.cfg.algorithm.adv_estimator in GROUP_ESTIMATORS)
+        if self.cfg.trainer.log_trajectories:
+            from verl_agent.protocol import RolloutBatch
+
+            name = f"{'val_' if validate else ''}step_{step}.jsonl"
+            write_records(self.cfg.run_dir / "trajectories" / name, RolloutBatch(trajs), self.tokenizer, step=step)
+        return RolloutResult(
+            summaries=[TrajectorySummary.of(t) for t in trajs],
+            reward_seconds=(self.reward_timer.seconds - reward0) if self.reward_timer else 0.0,
+            tool_seconds=sum(turn.tool_seconds for t in trajs for turn in t.turns), counts=counts,
+        )  # fmt: skip
+
+    def set_sequences(self, seqs: list[TrainSeq]) -> None:
+        """Train on these sequences instead of rolled-out ones (offline data; tests)."""
+        self.trajs, self.seqs = [], list(seqs)
 
     # -- training (collective) -----------------------------------------------------------------
 
     @torch.no_grad()
-    def compute_log_probs(self, seqs: list[TrainSeq]) -> list[dict[str, torch.Tensor]]:
-        """Per sequence: old log-probs and entropy (actor), ref log-probs, values (critic) where configured."""
-        self._loop.run_until_complete(self.engine.sleep())
-        temp = self.cfg.actor_rollout_ref.rollout.temperature
-        out: list[dict[str, torch.Tensor]] = [{} for _ in seqs]
-        index = {id(s): i for i, s in enumerate(seqs)}
-        self.actor.eval()
-        for micro in micro_batches(seqs, self.mb):
-            logp, ent = forward_log_probs(self.actor, micro, temp, self.device, with_entropy=True)
-            ref = forward_log_probs(self.ref, micro, temp, self.device)[0] if self.ref is not None else None
-            vals = forward_values(self.critic, micro, self.device) if self.critic is not None else None
-            for j, s in enumerate(micro):
-                d = out[index[id(s)]]
-                d["old_log_probs"], d["entropy"] = logp[j].float().cpu(), ent[j].float().cpu()
-                if ref is not None:
-                    d["ref_log_probs"] = ref[j].float().cpu()
-                if vals is not None:
-                    d["old_values"] = vals[j].float().cpu()
-        return out
+    def compute_log_probs(self, n_minibatches: int) -> dict[str, float]:
+        """Per sequence: old log-probs and entropy (actor, unless the on-policy shortcut applies), ref
+        log-probs and values (critic) where configured. Returns batch-wide metrics (the same on every rank)."""
+        cfg = self.cfg
+        arr = cfg.actor_rollout_ref
+        if arr.rollout.free_cache_engine:
+            self._loop.run_until_complete(self.engine.sleep())
+        temp = self.agent_temperature
+        from_actor = old_log_probs_from_actor(arr.actor, n_minibatches, cfg.algorithm.use_kl_in_reward)
+        if from_actor:
+            self.actor.eval()
+            for micro in micro_batches(self.seqs, self.mb_log_prob):
+                logp, ent = forward_log_probs(self.actor, micro, temp, self.device, with_entropy=True)
+                for s, lp, e in zip(micro, logp, ent):
+                    s.old_log_probs, s.extra["entropy"] = lp.float().cpu(), e.float().cpu()
+        elif arr.actor.old_log_prob_source == "rollout":
+            for s in self.seqs:
+                s.old_log_probs = s.rollout_log_probs
+        if self.ref is not None:
+            for micro in micro_batches(self.seqs, self.mb_ref):
+                for s, lp in zip(micro, forward_log_probs(self.ref, micro, temp, self.device)[0]):
+                    s.ref_log_probs = lp.float().cpu()
+        if self.critic is not None:
+            for micro in micro_batches(self.seqs, self.mb_critic):
+                for s, v in zip(micro, forward_values(self.critic, micro, self.device)):
+                    s.old_values = v.float().cpu()
+        return log_prob_metrics(self.seqs, _reduce)
 
-    def update(self, seqs: list[TrainSeq], n_minibatches: int, update_actor_now: bool = True) -> dict[str, float]:
-        """Critic then actor updates on this rank's shard; one LR-scheduler step each."""
+    @property
+    def agent_temperature(self) -> float:
+        """The temperature the engine sampled with (0 = greedy: log-probs of the raw logits)."""
+        r = self.cfg.actor_rollout_ref.rollout
+        return r.temperature if r.do_sample else 0.0
+
+    def compute_advantages(self, kl_coef: float) -> AdvantageResult:
+        """algorithm.adv_estimator on this rank's sequences (+ DAPO group filtering); batch-wide metrics."""
+        algo = self.cfg.algorithm
+        metrics, kl = assign_advantages(self.seqs, algo, kl_coef, _reduce)
+        if algo.filter_groups.enable:
+            self.seqs, metrics["train/kept_group_fraction"] = filter_groups(self.seqs, algo.filter_groups.metric,
+                                                                            _reduce)
+        n = int(_reduce(torch.tensor([len(self.seqs)], dtype=torch.float64))[0])
+        return AdvantageResult(metrics=metrics, kl=kl, sequences=n)
+
+    def update(self, n_minibatches: int, step: int, update_actor_now: bool = True) -> dict[str, float]:
+        """Critic then actor updates on this rank's sequences; one LR-scheduler step each."""
         arr, metrics = self.cfg.actor_rollout_ref, {}
+        seqs = list(self.seqs)
+        if arr.actor.shuffle:  # the same order on a rerun: seeded by (seed, step, rank)
+            random.Random(f"{self.cfg.trainer.seed}:{step}:{self.rank}").shuffle(seqs)
         if self.critic is not None:
             c = self.cfg.critic
             metrics.update(update_critic(self.critic, self.critic_optim, seqs, c, arr.actor.grad_clip, self.device,
-                                         n_minibatches, c.ppo_epochs or arr.actor.ppo_epochs, self.mb))
+                                         n_minibatches, c.ppo_epochs or arr.actor.ppo_epochs, self.mb_critic))
             self.critic_sched.step()
         if update_actor_now:
-            metrics.update(update_actor(self.actor, self.optim, seqs, arr.actor, arr.rollout.temperature, self.device,
+            metrics.update(update_actor(self.actor, self.optim, seqs, arr.actor, self.agent_temperature, self.device,
                                         n_minibatches, self.mb))
             metrics["lr"] = self.sched.get_last_lr()[0]
             self.sched.step()
+        self.seqs = []
         return metrics
 
     def sync_weights(self, bucket_mb: int = 64) -> float:
@@ -244,10 +316,9 @@ class TrainWorker:
 
     def check_sync(self, prompts: list[list[int]], max_new_tokens: int = 16) -> float:
         """Max |engine log-prob - actor log-prob| on tokens the engine samples now (temperature 1)."""
-        from verl_agent.rollout import SamplingParams
-
         sp = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=1234)
         self._loop.run_until_complete(self.engine.wake_up())
+
         async def generate_all() -> list:
             return await asyncio.gather(*(self.engine.generate(p, sp) for p in prompts))
 
@@ -275,7 +346,8 @@ class TrainWorker:
     def load_checkpoint(self, path: str) -> None:
         path = Path(path)
         ckpt.load_shards(path, "actor", self.actor, self.optim)
-        extra = torch.load(path / f"extra_rank{min(self.rank, self._saved_ranks(path) - 1)}.pt", weights_only=False)
+        saved_ranks = len(list(path.glob("extra_rank*.pt")))
+        extra = torch.load(path / f"extra_rank{min(self.rank, saved_ranks - 1)}.pt", weights_only=False)
         self.sched.load_state_dict(extra["sched"])
         torch.set_rng_state(extra["torch_rng"])
         if self.critic is not None:
@@ -283,32 +355,10 @@ class TrainWorker:
             self.critic_sched.load_state_dict(extra["critic_sched"])
         self.sync_weights()
 
-    @staticmethod
-    def _saved_ranks(path: Path) -> int:
-        return len(list(path.glob("extra_rank*.pt")))
-
     def export_hf(self, path: str) -> str | None:
-        """Full policy in Hugging Face format (+ tokenizer); rank 0 writes, returns the path there."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        sd = get_model_state_dict(self.actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank != 0:
-            return None
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"export_hf: state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        tmp = Path(f"{path}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
+        """Full policy in Hugging Face format (+ tokenizer), streamed; rank 0 writes and returns the path."""
         tok_path = self.cfg.actor_rollout_ref.model.tokenizer_path or self.model_path
-        AutoTokenizer.from_pretrained(tok_path).save_pretrained(tmp)
-        shutil.rmtree(path, ignore_errors=True)
-        os.rename(tmp, path)  # a reader never sees a half-written export
-        return path
+        return ckpt.export_hf(self.actor, self.model_path, str(tok_path), path, self.rank)
 
     def shutdown(self) -> None:
         self._loop.run_until_complete(self.engine.close())

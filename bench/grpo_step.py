@@ -1,0 +1,318 @@
+"""One GRPO step, ours vs TRL's GRPOTrainer, on the same shape in one run. Prints a table and one JSON line.
+
+  python bench/grpo_step.py --shape 0.5b                 # one GPU: ours, then TRL 1.16 (if installed), same batch
+  python bench/grpo_step.py --shape 7b --no-trl          # ours only; checkpoint + HF export at the end
+  python bench/grpo_step.py --shape tiny --device cpu    # the CPU demo's step (examples/calculator, 2 gloo workers)
+
+Shapes: 0.5b and 7b are Qwen2-0.5B / Qwen2-7B configurations with random weights (bf16 on disk) and a
+word-level tokenizer of the same vocabulary size ("w123" is one token), so a 128-word prompt is 128
+tokens and the model's random output decodes to words. Both trainers: 8 prompts x 8 samples, 256 new
+tokens, temperature 1, fp32 master weights with bf16 compute, gradient checkpointing, no KL (beta 0).
+
+Our side runs through the public API only: `load_config(path, overrides)` -> `train(cfg)` -> the
+per-step `time/*` metrics of `TrainResult.history`. Step 1 is reported as "first"; "warm" is the mean
+of the later steps. Peak GPU memory is sampled with nvidia-smi (all processes), peak host RSS by
+summing /proc RSS of this process and all its descendants (Ray's workers included) every 0.25 s.
+MFU of the update = 6 x parameters x trained tokens / update seconds / 989 TFLOP/s (H200 dense bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PEAK_FLOPS = 989e12
+SHAPES = {  # Qwen2-0.5B and Qwen2-7B (config.json of the released models)
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+}
+PHASES = ("step", "rollout", "log_probs", "advantages", "update", "weight_sync")
+
+
+def bench_reward(generated_text: str, ground_truth: str) -> float:
+    """A reward that differs between samples of a group (so advantages are not all zero)."""
+    return float(sum(map(ord, generated_text)) % 7) / 6.0
+
+
+# -- model + data ---------------------------------------------------------------------------------
+
+
+def word_tokenizer(vocab_size: int):
+    """A word-level tokenizer with ChatML specials and exactly vocab_size ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from verl_agent.models.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, TOOL_TAGS
+
+    fixed = list(SPECIAL_TOKENS) + list(TOOL_TAGS) + ["<unk>", "system", "user", "assistant", "tool"]
+    vocab = {t: i for i, t in enumerate(fixed)}
+    vocab.update({f"w{i}": i for i in range(len(fixed), vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL_TOKENS[2], pad_token=SPECIAL_TOKENS[0],
+                                   unk_token="<unk>", model_max_length=32768)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model_dir(shape: str, root: Path, device: str) -> Path:
+    """Random-weight Qwen2 of the given shape + word tokenizer, saved in bf16 (initialised on the device)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    out = root / f"qwen2-{shape}"
+    cfg = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+                      bos_token_id=None, eos_token_id=2, pad_token_id=0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    word_tokenizer(cfg.vocab_size).save_pretrained(out)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def write_prompts(path: Path, rows: int, words: int, vocab: int, seed: int = 0) -> Path:
+    import random
+
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(rows):
+            f.write(json.dumps({"prompt": " ".join(f"w{rng.randrange(16, vocab)}" for _ in range(words)),
+                                "answer": str(i)}) + "\n")
+    return path
+
+
+# -- monitors -------------------------------------------------------------------------------------
+
+
+class Peaks:
+    """Samples GPU memory used (nvidia-smi, MiB) and the RSS of this process tree (bytes) in a thread."""
+
+    def __init__(self, gpu: bool, period: float = 0.25) -> None:
+        self.gpu, self.period = gpu, period
+        self.gpu_mib = self.rss = self.rss_one = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Peaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            rss = _tree_rss(os.getpid())
+            self.rss, self.rss_one = max(self.rss, sum(rss)), max(self.rss_one, max(rss, default=0))
+            if self.gpu:
+                self.gpu_mib = max(self.gpu_mib, _gpu_used_mib())
+
+
+def _tree_rss(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        out.append(pages * os.sysconf("SC_PAGE_SIZE"))
+    return out
+
+
+def _gpu_used_mib() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=5).stdout
+        return sum(int(x) for x in out.split())
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
+
+
+# -- ours -----------------------------------------------------------------------------------------
+
+
+def run_ours(args, model_dir: Path | None, work: Path) -> dict:
+    """Our trainer through train(cfg); per-phase seconds from the history."""
+    from verl_agent.config import load_config
+    from verl_agent.trainer.loop import train
+
+    common = [f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false",
+              "trainer.logger=[console]", f"trainer.default_local_dir={work / 'run'}", "trainer.resume_mode=disable"]
+    if args.shape == "tiny":
+        cfg = load_config("examples/calculator/config.yaml", common + ["data.val_files=[]"] + args.set)
+    else:
+        data = write_prompts(work / "prompts.jsonl", args.prompts * args.steps, args.prompt_len,
+                             SHAPES[args.shape]["vocab_size"])
+        cfg = load_config(None, common + [
+            f"data.train_files=[{data}]", f"data.train_batch_size={args.prompts}",
+            f"data.max_prompt_length={args.prompt_len + 32}", f"data.max_response_length={args.new_tokens}",
+            f"data.reward_fn={Path(__file__).resolve()}:bench_reward",
+            f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.dtype=float32",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.rollout.dtype=bfloat16",
+            f"actor_rollout_ref.rollout.n={args.gens}", "actor_rollout_ref.rollout.temperature=1.0",
+            f"actor_rollout_ref.rollout.max_batch_size={args.prompts * args.gens}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}", "actor_rollout_ref.actor.optim.lr=1e-6",
+            "trainer.n_gpus_per_node=1", "trainer.save_freq=-1",
+        ] + args.set)
+    t0 = time.perf_counter()
+    with Peaks(gpu=args.device == "cuda") as peaks:
+        result = train(cfg)
+    total = time.perf_counter() - t0
+    hist = result.history
+    out = {"total_s": total, "steps": len(hist), "peak_gpu_gib": peaks.gpu_mib / 1024,
+           "peak_rss_gib": peaks.rss / 2**30, "peak_rss_one_process_gib": peaks.rss_one / 2**30,
+           "export_ok": bool(result.export_dir and Path(result.export_dir).is_dir()),
+           "checkpoint_s": max((h.get("time/checkpoint", 0.0) for h in hist), default=0.0)}
+    for ph in PHASES:
+        vals = [h.get(f"time/{ph}", 0.0) for h in hist]
+        out[f"first_{ph}"] = vals[0] if vals else 0.0
+        out[f"warm_{ph}"] = sum(vals[1:]) / max(1, len(vals) - 1)
+    last = hist[-1] if hist else {}
+    n = last.get("rollout/num_trajectories", 0.0)
+    out["tokens_per_step"] = n * (last.get("rollout/prompt_length/mean", 0.0)
+                                  + last.get("rollout/response_length/mean", 0.0))
+    out["new_tokens_per_step"] = n * last.get("rollout/response_length/mean", 0.0)
+    return out
+
+
+# -- TRL ------------------------------------------------------------------------------------------
+
+
+def run_trl(args, model_dir: Path, work: Path) -> dict:
+    """TRL 1.16 GRPOTrainer on the same model, prompts and batch; seconds per optimizer step."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = [json.loads(line) for line in write_prompts(work / "trl.jsonl", args.prompts * args.steps,
+                                                       args.prompt_len, SHAPES[args.shape]["vocab_size"]).open()]
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.t0)
+
+    per_device = args.prompts * args.gens // 4
+    conf = GRPOConfig(
+        output_dir=str(work / "trl"), per_device_train_batch_size=per_device, gradient_accumulation_steps=4,
+        num_generations=args.gens, max_completion_length=args.new_tokens, max_steps=args.steps,
+        learning_rate=1e-6, beta=0.0, bf16=True, gradient_checkpointing=True, temperature=1.0,
+        logging_steps=1, save_strategy="no", report_to=[], use_vllm=False, shuffle_dataset=False, seed=0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [bench_reward(c, "") for c in completions],
+                          args=conf, train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[Timer()])
+    torch.cuda.reset_peak_memory_stats()
+    with Peaks(gpu=True) as peaks:
+        trainer.train()
+    return {"steps": len(times), "first_step": times[0] if times else 0.0,
+            "warm_step": sum(times[1:]) / max(1, len(times) - 1), "peak_gpu_gib": peaks.gpu_mib / 1024,
+            "peak_rss_gib": peaks.rss / 2**30}
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def n_params(shape: str) -> float:
+    s = SHAPES[shape]
+    h, i, L, v = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"], s["vocab_size"]
+    kv = h // s["num_attention_heads"] * s["num_key_value_heads"]
+    layer = h * h * 2 + 2 * h * kv + h + 2 * kv + 3 * h * i + 2 * h  # q, o, k, v (+ biases), mlp, norms
+    return L * layer + v * h * (1 if s["tie_word_embeddings"] else 2) + h
+
+
+def report(args, ours: dict, trl: dict | None) -> dict:
+    rows = [("first step (s)", ours["first_step"], trl["first_step"] if trl else None),
+            ("warm step (s)", ours["warm_step"], trl["warm_step"] if trl else None)]
+    rows += [(f"  warm {ph} (s)", ours[f"warm_{ph}"], None) for ph in PHASES[1:]]
+    out = {"shape": args.shape, "device": args.device, "ours": ours, "trl": trl}
+    if args.shape in SHAPES and ours["warm_update"] > 0:
+        flops = 6 * n_params(args.shape) * ours["tokens_per_step"]
+        out["update_mfu"] = flops / ours["warm_update"] / PEAK_FLOPS
+        rows.append(("update MFU (6ND / 989 TFLOP/s)", out["update_mfu"], None))
+    if ours["warm_step"] > 0:
+        out["tokens_per_s"] = ours["tokens_per_step"] / ours["warm_step"]
+        rows.append(("tokens/s (prompt+response, warm step)", out["tokens_per_s"], None))
+    rows += [("peak GPU memory (GiB, nvidia-smi)", ours["peak_gpu_gib"], trl["peak_gpu_gib"] if trl else None),
+             ("peak host RSS, process tree (GiB)", ours["peak_rss_gib"], trl["peak_rss_gib"] if trl else None),
+             ("peak host RSS, one process (GiB)", ours["peak_rss_one_process_gib"], None),
+             ("final checkpoint (s)", ours["checkpoint_s"], None),
+             ("run incl. load, checkpoint, export (s)", ours["total_s"], None)]
+    if trl and ours["warm_step"] > 0:
+        out["speedup_vs_trl"] = trl["warm_step"] / ours["warm_step"]
+        rows.append(("TRL warm step / ours", out["speedup_vs_trl"], None))
+    print(f"\n| {args.shape} on {args.device} | verl-agent | TRL 1.16 |\n| --- | --- | --- |")
+    for name, a, b in rows:
+        print(f"| {name} | {a:.3g} | {'' if b is None else f'{b:.3g}'} |")
+    print(f"export written: {ours['export_ok']}")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=["tiny", "0.5b", "7b"], default="0.5b")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--gens", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--no-trl", action="store_true", help="skip TRL (always skipped for --shape tiny)")
+    p.add_argument("--trl-first", action="store_true", help="run TRL before ours")
+    p.add_argument("--set", nargs="*", default=[], help="extra dotted overrides of our config")
+    p.add_argument("--json", type=Path, default=None, help="also write the JSON result here")
+    args = p.parse_args()
+    args.device = args.device or ("cpu" if args.shape == "tiny" else "cuda")
+    os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "ray"))
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    with tempfile.TemporaryDirectory(prefix="grpo_bench_") as tmp:
+        work = Path(tmp)
+        model_dir = build_model_dir(args.shape, work, args.device) if args.shape in SHAPES else None
+        use_trl = not args.no_trl and args.shape in SHAPES
+        trl = run_trl(args, model_dir, work) if use_trl and args.trl_first else None
+        ours = run_ours(args, model_dir, work)
+        if use_trl and not args.trl_first:
+            trl = run_trl(args, model_dir, work)
+        result = report(args, ours, trl)
+    line = json.dumps(result)
+    print(line)
+    if args.json:
+        args.json.write_text(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

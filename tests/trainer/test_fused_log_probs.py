@@ -1,0 +1,112 @@
+"""Chunked log-probs (`losses.chunked_log_probs`, `actor.LogProbHead`) equal the plain full-logits computation,
+in value and gradient; the on-policy shortcut (old_log_probs None) gives PPO's update at ratio 1."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from verl_agent.trainer.actor import LogProbHead, MicroBatching, forward_log_probs, update_actor
+from verl_agent.trainer.algorithms import entropy_from_logits
+from verl_agent.trainer.losses import chunked_log_probs
+
+
+def _plain(h, w, t, temp):
+    z = (h @ w.t()).float() / temp
+    return z.log_softmax(-1).gather(-1, t[:, None]).squeeze(-1), entropy_from_logits(z)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_chunked_equals_plain_value_and_gradient(chunk: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(23, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)
+    t = torch.randint(0, 50, (23,), generator=g)
+    a, b = torch.randn(23, generator=g), torch.randn(23, generator=g)
+    logp, ent = chunked_log_probs(h, w, t, temperature=0.7, chunk=chunk, with_entropy=True)
+    ref_logp, ref_ent = _plain(h, w, t, 0.7)
+    assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5)
+    assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
+    (logp @ a + ent @ b).backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    (ref_logp @ a + ref_ent @ b).backward()
+    assert_close(gh, h.grad, rtol=1e-4, atol=1e-5)
+    assert_close(gw, w.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_chunked_bf16_close_to_plain() -> None:
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(40, 32, generator=g).bfloat16().requires_grad_()
+    w = (torch.randn(300, 32, generator=g) * 0.2).bfloat16().requires_grad_()
+    t = torch.randint(0, 300, (40,), generator=g)
+    logp, ent = chunked_log_probs(h, w, t, chunk=16)
+    assert ent is None and logp.dtype == torch.float32
+    ref, _ = _plain(h, w, t, 1.0)
+    assert_close(logp, ref, rtol=0, atol=1e-4)  # same bf16 matmul, same fp32 softmax
+    logp.sum().backward()
+    gw = w.grad.float()
+    w.grad = None
+    ref.sum().backward()
+    assert_close(gw, w.grad.float(), rtol=2e-2, atol=2e-2)
+
+
+def _seqs(random_seqs, n=5):
+    seqs = random_seqs(n, 300)
+    g = torch.Generator().manual_seed(3)
+    for s in seqs:
+        s.advantages = torch.randn(s.response_len, generator=g)
+    return seqs
+
+
+def test_forward_log_probs_fused_equals_full_logits(dev_model_path, random_seqs) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(dev_model_path, dtype=torch.float32)
+    plain = copy.deepcopy(model)
+    seqs = _seqs(random_seqs)
+    logp, ent = forward_log_probs(model, seqs, 0.9, torch.device("cpu"), with_entropy=True, chunk_tokens=8)
+    assert isinstance(model.lm_head, LogProbHead) and model.lm_head.request is None
+    from verl_agent.trainer.batch import pack, response_positions
+
+    ids, pos = pack(seqs, "cpu")
+    rows = response_positions(seqs, "cpu")
+    z = plain(input_ids=ids, position_ids=pos, use_cache=False).logits[0][rows].float() / 0.9
+    ref = z.log_softmax(-1).gather(-1, ids[0, rows + 1][:, None]).squeeze(-1)
+    assert_close(torch.cat(logp), ref, rtol=1e-5, atol=1e-5)
+    assert_close(torch.cat(ent), entropy_from_logits(z), rtol=1e-5, atol=1e-5)
+    torch.cat(logp).sum().backward()
+    ref.sum().backward()
+    for (n, a), (_, b) in zip(model.named_parameters(), plain.named_parameters()):
+        assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5 * float(b.grad.abs().max()), msg=n)
+    # outside forward_log_probs the head is an ordinary lm_head
+    assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+def test_update_without_old_log_probs_equals_ratio_one(dev_model_path, random_seqs) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from verl_agent.config import ActorConfig
+
+    cfg = ActorConfig(grad_clip=100.0, entropy_coeff=0.01)
+    a = AutoModelForCausalLM.from_pretrained(dev_model_path, dtype=torch.float32)
+    b = copy.deepcopy(a)
+    seqs_a, seqs_b = _seqs(random_seqs), _seqs(random_seqs)
+    with torch.no_grad():
+        old, _ = forward_log_probs(b, seqs_b, 1.0, torch.device("cpu"))
+    for s, lp in zip(seqs_b, old):
+        s.old_log_probs = lp
+    assert all(s.old_log_probs is None for s in seqs_a)
+    mb = MicroBatching(dynamic=True, max_tokens=40)  # several micro-batches
+    out = []
+    for model, seqs in ((a, seqs_a), (b, seqs_b)):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)  # linear in the gradient (Adam would amplify rounding)
+        out.append(update_actor(model, opt, seqs, cfg, 1.0, torch.device("cpu"), 1, mb))
+    assert out[0]["grad_norm"] == pytest.approx(out[1]["grad_norm"], rel=1e-5)
+    assert out[0]["pg_loss"] == pytest.approx(out[1]["pg_loss"], rel=1e-4, abs=1e-6)  # ratio 1 up to rounding
+    assert out[0]["ppo_kl"] == 0.0
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)

@@ -1,0 +1,180 @@
+"""The continuous-batching loop of `HFEngine`: requests in, one engine step at a time, results out.
+
+Threads: `generate` (event loop) appends to an inbox and, if the loop is not
+running, submits `serve` to the engine's single decode thread; `serve` runs
+steps until there is no work left, then returns, so control calls queued on
+the same thread (weight updates, sleep) run between bursts of work. Results
+go back to the event loop with `call_soon_threadsafe`.
+
+A failed forward fails the requests of that step and no other; a request that
+can never fit in a KV slot is refused in `generate` before it is queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Executor
+from typing import Any
+
+import torch
+
+from verl_agent.rollout.kv_pool import KVBudget
+from verl_agent.rollout.model_runner import ModelRunner
+from verl_agent.rollout.sampling import RowParams, sample
+from verl_agent.rollout.scheduler import Chunk, Scheduler
+from verl_agent.rollout.sequence import Seq, SeqState
+
+logger = logging.getLogger(__name__)
+
+
+def _row_params(seqs: list[Seq | None], device: torch.device) -> RowParams:
+    """Sampling settings for a batch whose row i belongs to seqs[i] (None: an idle row, sampled greedily)."""
+    sp = [s.sampling if s is not None else None for s in seqs]
+    temps = [p.temperature if p is not None else 0.0 for p in sp]
+    live = [p for p in sp if p is not None and p.temperature > 0]
+    return RowParams(
+        temperature=torch.tensor(temps, dtype=torch.float32).to(device, non_blocking=True),
+        top_p=torch.tensor([p.top_p if p is not None else 1.0 for p in sp], dtype=torch.float32).to(device),
+        top_k=torch.tensor([p.top_k if p is not None else -1 for p in sp], dtype=torch.long).to(device),
+        generators=[s.generator if s is not None else None for s in seqs],
+        any_filter=any(p.top_k > 0 or p.top_p < 1.0 for p in live),
+        any_greedy=len(live) < len(sp), all_greedy=not live,
+    )  # fmt: skip
+
+
+class ContinuousBatcher:
+    def __init__(
+        self, model: Any, budget: KVBudget, *, pad_id: int, cache_kw: str, cuda_graphs: bool,
+        max_num_batched_tokens: int, generator: torch.Generator,
+    ) -> None:  # fmt: skip
+        self.runner = ModelRunner(model, budget, pad_id, cache_kw, cuda_graphs)
+        self.sched = Scheduler(budget.slots, max_num_batched_tokens)
+        self.budget = budget
+        self.generator = generator
+        self._inbox: deque[Seq | tuple[str, str]] = deque()
+        self._lock = threading.Lock()
+        self._serving = False
+        self.closed = False
+        self.counters = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "decode_steps": 0,
+                         "prefill_chunks": 0, "decode_rows": 0, "failed_requests": 0}  # fmt: skip
+
+    # -- event-loop side -----------------------------------------------------------------------------------
+    def submit(self, item: Seq | tuple[str, str], executor: Executor) -> None:
+        with self._lock:
+            self._inbox.append(item)
+            start, self._serving = not self._serving, True
+        if start:
+            executor.submit(self.serve)
+
+    # -- engine-thread side --------------------------------------------------------------------------------
+    def serve(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    items = list(self._inbox)
+                    self._inbox.clear()
+                    if not items and not self.sched.has_work():
+                        self._serving = False
+                        return
+                for item in items:
+                    if isinstance(item, Seq):
+                        self.sched.add(item)
+                    else:
+                        self.sched.release(item[1])
+                if self.closed:
+                    self.abort_all()
+                    continue
+                self.step()
+        except BaseException as e:  # a bug in the loop: fail every request rather than leave callers waiting
+            logger.exception("HFEngine continuous loop crashed")
+            for seq in self.sched.drain():
+                seq.fail(e)
+            with self._lock:
+                self._serving = False
+            raise
+
+    def step(self) -> None:
+        chunks = self.sched.schedule_prefill()
+        if chunks:
+            self._prefill(chunks)
+        seqs = self.sched.decoding()
+        if seqs:
+            self._decode(seqs)
+
+    def _prefill(self, chunks: list[Chunk]) -> None:
+        t0 = time.perf_counter()
+        try:
+            logits = self.runner.prefill([(s.slot, s.prompt[a:b], a) for s, a, b in chunks])
+            done = [i for i, (s, _, b) in enumerate(chunks) if b == len(s.prompt)]
+            sampled = None
+            if done:
+                seqs = [chunks[i][0] for i in done]
+                tok, lp = sample(logits[done], _row_params(seqs, logits.device), self.generator)
+                sampled = (tok.tolist(), lp.tolist())
+            else:
+                logits.sum().item()  # synchronise, so that busy time is measured
+        except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving the rest
+            self._fail([s for s, _, _ in chunks], e)
+            return
+        self.runner.busy_s += time.perf_counter() - t0
+        self.counters["prefill_chunks"] += 1
+        for s, a, b in chunks:
+            s.n_cached = b
+            self.counters["prefill_tokens"] += b - a
+        if sampled is not None:
+            for i, tok, lp in zip(done, *sampled):
+                seq = chunks[i][0]
+                seq.state = SeqState.DECODE
+                self._record(seq, tok, lp)
+
+    def _decode(self, seqs: list[Seq]) -> None:
+        rows = self.runner.rows_bucket(max(s.slot for s in seqs) + 1)
+        ids, pos, active = [self.runner.pad_id] * rows, [0] * rows, [0] * rows
+        by_row: list[Seq | None] = [None] * rows
+        for s in seqs:
+            ids[s.slot], pos[s.slot], active[s.slot], by_row[s.slot] = s.out_ids[-1], s.position, 1, s
+        t0 = time.perf_counter()
+        try:
+            logits = self.runner.decode(rows, ids, pos, active)
+            tok, lp = sample(logits, _row_params(by_row, logits.device), self.generator)
+            tok_l, lp_l = tok.tolist(), lp.tolist()
+        except Exception as e:  # noqa: BLE001
+            self._fail(seqs, e)
+            return
+        self.runner.busy_s += time.perf_counter() - t0
+        self.counters["decode_steps"] += 1
+        self.counters["decode_rows"] += len(seqs)
+        for s in seqs:
+            self._record(s, tok_l[s.slot], lp_l[s.slot])
+
+    def _record(self, seq: Seq, tok: int, lp: float) -> None:
+        reason = seq.append(tok, lp)
+        if reason is None and seq.future.done():  # the caller went away (cancelled)
+            reason = "abort"
+        if reason is not None:
+            self.counters["generated_tokens"] += len(seq.out_ids)
+            self.counters["requests"] += 1
+            self.sched.finish(seq, keep_session=reason != "abort")
+            seq.resolve(reason)
+
+    def _fail(self, seqs: list[Seq], error: Exception) -> None:
+        logger.error("HFEngine step failed for %d request(s): %r", len(seqs), error)
+        for s in seqs:
+            self.counters["failed_requests"] += 1
+            self.sched.finish(s, keep_session=False)
+            s.fail(error)
+
+    def abort_all(self) -> None:
+        for seq in self.sched.drain():
+            seq.resolve("abort")
+
+    # -- control (run on the engine thread, between bursts) -------------------------------------------------
+    def drop_sessions(self) -> None:
+        self.sched.table.drop_idle()
+
+    def free_memory(self) -> None:
+        self.sched.table.drop_idle()
+        self.runner.free()

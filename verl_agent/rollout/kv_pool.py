@@ -1,0 +1,182 @@
+"""Slot-indexed KV cache for continuous batching: one fixed row ("slot") of KV memory per sequence.
+
+Memory layout, per layer: K and V of shape [slots, kv_heads, length + 1, head_dim].
+A sequence owns one slot; its token at position p has its K/V at column p, so
+a session's history stays in place across turns and a later turn only writes
+its new columns. Column `length` is scratch: rows that take part in a forward
+without a real token (idle slots in a decode step, left padding in a prefill
+chunk) write there, and no mask ever shows it.
+
+The pool plugs into an unmodified transformers model as its cache object:
+each attention layer calls `update(key, value, layer_idx, ...)`, which writes
+the new K/V at the planned (slot, position) pairs and returns the first
+`kv_len` columns of the rows in this forward. The attention itself is
+`slot_attention`, registered with transformers' `AttentionInterface` and
+switched on only while the engine runs the model (`slot_attention_enabled`),
+so a model shared with the trainer keeps its own attention setting.
+
+Why our own attention function: transformers' sdpa path expands K/V to every
+query head (`repeat_kv`) whenever a mask is given, which multiplies the KV
+memory a decode step reads by the GQA group size (7x for Qwen2-0.5B). For one
+query token we fold the query heads of a group into the query-length axis
+instead, so SDPA reads each K/V head once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTN_NAME = "verl_agent_slots"
+
+__all__ = ["ATTN_NAME", "KVBudget", "SlotKVPool", "kv_bytes_per_token", "plan_budget", "slot_attention_enabled"]
+
+
+def slot_attention(module: Any, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """SDPA over the pool's K/V with an explicit additive mask [B, 1, T, kv_len]; returns ([B, T, H, D], None)."""
+    b, h, t, d = query.shape
+    hkv = key.shape[1]
+    group = h // hkv
+    if t == 1 and group > 1:  # decode: query heads of one group become that group's query rows
+        q = query.reshape(b, hkv, group, d)
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
+        return out.reshape(b, h, 1, d).transpose(1, 2), None
+    if group > 1:  # prefill chunk: K/V are small next to the T x kv_len mask, so expand them
+        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, slot_attention)
+
+
+@contextlib.contextmanager
+def slot_attention_enabled(model: Any) -> Iterator[None]:
+    """Run `model` with `slot_attention` for the duration of the block (restores the previous setting)."""
+    _register()
+    cfg = model.config
+    prev = cfg._attn_implementation
+    cfg._attn_implementation = ATTN_NAME
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = prev
+
+
+def _shape(config: Any) -> tuple[int, int, int]:
+    layers = int(config.num_hidden_layers)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return layers, kv_heads, head_dim
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    layers, kv_heads, head_dim = _shape(config)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """How the KV memory budget was spent: `slots` sequences of at most `length` tokens each."""
+
+    slots: int
+    length: int
+    budget_bytes: int
+    bytes_per_token: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.slots} slots x {self.length} tokens, "
+            f"{self.slots * (self.length + 1) * self.bytes_per_token / 2**20:.0f} MiB of a "
+            f"{self.budget_bytes / 2**20:.0f} MiB KV budget"
+        )
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Total memory of the device the cache lives on (host RAM for CPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def plan_budget(
+    model: Any, max_num_seqs: int, max_len: int, gpu_memory_utilization: float, kv_cache_bytes: int | None = None
+) -> KVBudget:
+    """Size the pool: `gpu_memory_utilization` of the device's memory, minus the weights and a reserve for
+    activations and logits, is the KV budget (or `kv_cache_bytes` when given). Slots get `max_len` tokens
+    each; when fewer than `max_num_seqs` such slots fit, there are fewer slots; when not even one fits,
+    one slot holds what the budget allows."""
+    param = next(model.parameters())
+    bpt = kv_bytes_per_token(model.config, param.dtype)
+    if kv_cache_bytes is None:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        vocab = int(model.get_input_embeddings().weight.shape[0])
+        reserve = 2**30 + max_num_seqs * vocab * 16  # activations, float logits and sampling temporaries
+        kv_cache_bytes = int(gpu_memory_utilization * device_memory_bytes(param.device)) - weights - reserve
+    tokens = max(0, kv_cache_bytes) // bpt
+    if tokens < 2:
+        raise ValueError(
+            f"HFEngine: no memory left for the KV cache (budget {kv_cache_bytes / 2**20:.0f} MiB after weights): "
+            f"raise rollout.gpu_memory_utilization (now {gpu_memory_utilization})"
+        )
+    slots = min(max_num_seqs, tokens // (max_len + 1))
+    if slots >= 1:
+        return KVBudget(slots, max_len, kv_cache_bytes, bpt)
+    return KVBudget(1, tokens - 1, kv_cache_bytes, bpt)
+
+
+class SlotKVPool:
+    """The KV tensors plus the per-forward plan that tells `update` where this forward's tokens go.
+
+    Set the plan with `plan(write_pos, kv_len, rows)` before each forward:
+    `rows` are the slots of the batch rows (None: rows 0..B-1, the decode
+    layout, which returns views without copying), `write_pos[b, t]` the column
+    for token t of row b (`scratch` for padding), `kv_len` how many columns
+    attention sees.
+    """
+
+    is_compileable = False
+
+    def __init__(self, config: Any, slots: int, length: int, dtype: torch.dtype, device: torch.device) -> None:
+        layers, kv_heads, head_dim = _shape(config)
+        self.slots, self.length, self.scratch = slots, length, length
+        shape = (slots, kv_heads, length + 1, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self._all_rows = torch.arange(slots, device=device)
+        self.rows: torch.Tensor | None = None
+        self.write_pos: torch.Tensor | None = None
+        self.kv_len = length
+
+    def plan(self, write_pos: torch.Tensor, kv_len: int, rows: torch.Tensor | None = None) -> None:
+        assert kv_len <= self.length, (kv_len, self.length)
+        self.write_pos, self.kv_len, self.rows = write_pos, kv_len, rows
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        """transformers' cache hook: store this forward's K/V [B, H, T, D], return the visible K/V."""
+        k_all, v_all = self.k[layer_idx], self.v[layer_idx]
+        b, _, t, _ = key.shape
+        rows = self._all_rows[:b] if self.rows is None else self.rows
+        idx = rows[:, None].expand(b, t)
+        k_all[idx, :, self.write_pos] = key.transpose(1, 2).to(k_all.dtype)
+        v_all[idx, :, self.write_pos] = value.transpose(1, 2).to(v_all.dtype)
+        if self.rows is None:
+            return k_all[:b, :, : self.kv_len], v_all[:b, :, : self.kv_len]
+        return k_all[self.rows, :, : self.kv_len], v_all[self.rows, :, : self.kv_len]
+
+    # Answers for transformers code that asks a cache about itself (unused with explicit positions and masks).
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return len(self.k)

@@ -1,0 +1,155 @@
+"""Runs the forwards the scheduler decided on, over the slot KV pool: prefill chunks and decode steps.
+
+Decode steps have static shapes: rows 0..R-1 of the pool (R a power-of-two
+bucket covering the highest busy slot) and the first `kv_len` cache columns
+(a power-of-two bucket). Idle rows feed a pad token and write to the scratch
+column. On CUDA each (R, kv_len) bucket is captured once as a CUDA graph
+(lazily, or all at once by `capture_all`) and replayed; its inputs live in
+one static buffer. Prefill chunks have varying shapes and run eagerly.
+CPU runs the same code without graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from verl_agent.rollout.kv_pool import KVBudget, SlotKVPool, slot_attention_enabled
+
+logger = logging.getLogger(__name__)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class ModelRunner:
+    def __init__(self, model: Any, budget: KVBudget, pad_id: int, cache_kw: str, cuda_graphs: bool) -> None:
+        self.model, self.budget, self.pad_id, self.cache_kw = model, budget, pad_id, cache_kw
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.min_kv = 256 if self.cuda_graphs else 64
+        self.min_rows = 8 if self.cuda_graphs else 1
+        self.pool: SlotKVPool | None = None
+        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self.busy_s = 0.0  # time inside forward + sampling (synchronised by the caller's .tolist())
+
+    # -- memory ---------------------------------------------------------------------------------------
+    def ensure_pool(self) -> SlotKVPool:
+        if self.pool is None:
+            b = self.budget
+            self.pool = SlotKVPool(self.model.config, b.slots, b.length, self.dtype, self.device)
+            self.buf = torch.zeros(3, b.slots, dtype=torch.long, device=self.device)  # ids, positions, active
+            self.kv_arange = torch.arange(b.length, device=self.device)
+            self.mempool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        return self.pool
+
+    def free(self) -> None:
+        """Drop the pool and the captured graphs (sleep / weight update of a sleeping engine)."""
+        self.pool, self.graphs = None, {}
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- buckets ---------------------------------------------------------------------------------------
+    def rows_bucket(self, n: int) -> int:
+        return min(self.budget.slots, max(self.min_rows, _pow2(n)))
+
+    def kv_bucket(self, n: int) -> int:
+        return min(self.budget.length, max(self.min_kv, _pow2(n)))
+
+    # -- forwards --------------------------------------------------------------------------------------
+    def _mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """Additive float mask (0 = visible) [B, 1, T, K] from a boolean one [B, T, K]."""
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        return torch.where(visible, zero, torch.finfo(self.dtype).min)[:, None]
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+            **{self.cache_kw: self.pool},
+        )  # fmt: skip
+        return out.logits[:, -1]
+
+    @torch.no_grad()
+    def prefill(self, chunks: list[tuple[int, list[int], int]]) -> torch.Tensor:
+        """Write the K/V of each (slot, tokens, first position) row; returns each row's last logits [B, V]."""
+        pool = self.ensure_pool()
+        width = max(len(toks) for _, toks, _ in chunks)
+        host = torch.zeros(3, len(chunks), width, dtype=torch.long)  # ids, positions, write columns
+        host[0].fill_(self.pad_id)
+        host[2].fill_(pool.scratch)
+        for b, (_, toks, start) in enumerate(chunks):
+            n = len(toks)
+            host[0, b, width - n :] = torch.tensor(toks, dtype=torch.long)
+            host[1, b, width - n :] = host[2, b, width - n :] = torch.arange(start, start + n)
+        kv_len = self.kv_bucket(max(start + len(toks) for _, toks, start in chunks))
+        dev = host.to(self.device, non_blocking=True)
+        slots = torch.tensor([s for s, _, _ in chunks], dtype=torch.long).to(self.device, non_blocking=True)
+        mask = self._mask(self.kv_arange[:kv_len][None, None, :] <= dev[1][:, :, None])  # left pads see column 0
+        pool.plan(dev[2], kv_len, rows=slots)
+        with slot_attention_enabled(self.model):
+            return self._forward(dev[0], dev[1], mask).float()
+
+    @torch.no_grad()
+    def decode(self, rows: int, ids: list[int], positions: list[int], active: list[int]) -> torch.Tensor:
+        """One token for each of rows 0..rows-1 (inactive rows: pad, scratch column); returns logits [rows, V]."""
+        self.ensure_pool()
+        kv_len = self.kv_bucket(max(positions) + 1)
+        self.buf[:, :rows].copy_(torch.tensor([ids, positions, active], dtype=torch.long), non_blocking=True)
+        if not self.cuda_graphs:
+            with slot_attention_enabled(self.model):
+                return self._decode_forward(rows, kv_len).float()
+        graph = self.graphs.get((rows, kv_len)) or self._capture(rows, kv_len)
+        if graph is None:
+            with slot_attention_enabled(self.model):
+                return self._decode_forward(rows, kv_len).float()
+        graph[0].replay()
+        return graph[1].float()
+
+    def _decode_forward(self, rows: int, kv_len: int) -> torch.Tensor:
+        pool = self.pool
+        assert pool is not None
+        ids, pos, active = self.buf[0, :rows], self.buf[1, :rows], self.buf[2, :rows]
+        write = torch.where(active.bool(), pos, pool.scratch)[:, None]
+        mask = self._mask((self.kv_arange[:kv_len][None, :] <= pos[:, None])[:, None, :])
+        pool.plan(write, kv_len)
+        return self._forward(ids[:, None], pos[:, None], mask)
+
+    def _capture(self, rows: int, kv_len: int) -> tuple[Any, torch.Tensor] | None:
+        """Record the decode step for one bucket; the warm-up run writes exactly what the replay writes."""
+        t0 = time.perf_counter()
+        try:
+            with slot_attention_enabled(self.model):
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    self._decode_forward(rows, kv_len)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.mempool):
+                    out = self._decode_forward(rows, kv_len)
+        except Exception:  # noqa: BLE001 - a model whose forward cannot be captured still runs, eagerly
+            logger.exception("CUDA graph capture of the decode step failed; decoding eagerly from now on")
+            self.cuda_graphs = False
+            return None
+        self.graphs[(rows, kv_len)] = (graph, out)
+        logger.info("captured decode graph rows=%d kv_len=%d in %.2fs", rows, kv_len, time.perf_counter() - t0)
+        return graph, out
+
+    def capture_all(self) -> int:
+        """Capture every decode bucket now (largest first, so the smaller ones reuse its memory)."""
+        if not self.cuda_graphs:
+            return 0
+        self.ensure_pool()
+        self.buf.zero_()  # all rows idle: warm-up runs write only the scratch column
+        rows = sorted({self.rows_bucket(1 << i) for i in range(self.budget.slots.bit_length() + 1)}, reverse=True)
+        lens = sorted({self.kv_bucket(1 << i) for i in range(self.budget.length.bit_length() + 1)}, reverse=True)
+        for r in rows:
+            for k in lens:
+                if (r, k) not in self.graphs and self._capture(r, k) is None:
+                    return len(self.graphs)
+        return len(self.graphs)

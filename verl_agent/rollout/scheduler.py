@@ -1,0 +1,120 @@
+"""Continuous-batching scheduler: who gets a slot, which prompt tokens are prefilled this step, who decodes.
+
+Each engine step runs at most one prefill chunk and then one decode step over
+every sequence that has finished its prompt. A prefill chunk holds the next
+prompt tokens of admitted sequences (partially prefilled ones first, then new
+arrivals in FIFO order), left-padded to a common width, with rows x width at
+most `max_num_batched_tokens`; a long prompt is split over several steps.
+So a request joins the running batch at the next step, decoding sequences
+advance every step, and a finished sequence frees its slot at once.
+
+A request with a session reuses that session's slot (see slots.py); the
+tokens whose K/V are already there are counted in `prefill_tokens_saved`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from verl_agent.rollout.sequence import Seq, SeqState
+from verl_agent.rollout.slots import SlotTable
+
+Chunk = tuple[Seq, int, int]  # (sequence, first prompt position, end position) written this step
+
+
+class Scheduler:
+    def __init__(self, n_slots: int, max_num_batched_tokens: int) -> None:
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        self.table = SlotTable(n_slots)
+        self.budget = max_num_batched_tokens
+        self.waiting: deque[Seq] = deque()
+        self.running: dict[int, Seq] = {}  # slot -> sequence in PREFILL or DECODE
+        self._release_when_done: set[str] = set()
+        self.counters = {"prefill_tokens_saved": 0, "sessions_reused": 0, "sessions_reset": 0}
+
+    def add(self, seq: Seq) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def release(self, session: str) -> None:
+        if not self.table.release(session) and session in self.table.busy_sessions:
+            self._release_when_done.add(session)
+
+    def schedule_prefill(self) -> list[Chunk]:
+        """Admit what fits and carve this step's prefill chunk."""
+        chunks: list[Chunk] = []
+        width = 0
+        for seq in self._prefill_candidates():
+            cap = self.budget // (len(chunks) + 1)
+            if chunks and width > cap:
+                break
+            start = seq.n_cached
+            end = start + min(len(seq.prompt) - start, cap if chunks else self.budget)
+            chunks.append((seq, start, end))
+            width = max(width, end - start)
+        return chunks
+
+    def _prefill_candidates(self) -> Iterator[Seq]:
+        yield from [s for s in self.running.values() if s.state is SeqState.PREFILL]
+        while self.waiting:
+            seq = self.waiting[0]
+            if seq.future.done():  # cancelled while waiting
+                self.waiting.popleft()
+                continue
+            if not self._admit(seq):
+                return
+            self.waiting.popleft()
+            yield seq
+
+    def _admit(self, seq: Seq) -> bool:
+        if seq.session is not None and seq.session in self.table.busy_sessions:
+            seq.session = None  # two requests of one session at once: the second one runs without reuse
+        entry = self.table.claim_session(seq.session) if seq.session is not None else None
+        if entry is not None:
+            seq.slot = entry.slot
+            if seq.prompt[: len(entry.tokens)] == entry.tokens:
+                seq.n_cached = entry.n_cached
+                self.counters["prefill_tokens_saved"] += entry.n_cached
+                self.counters["sessions_reused"] += 1
+            else:  # the prompt does not extend the session's history: re-prefill the slot
+                self.counters["sessions_reset"] += 1
+        else:
+            slot = self.table.take_free()
+            if slot is None:
+                return False
+            seq.slot = slot
+            if seq.session is not None:
+                self.table.busy_sessions.add(seq.session)
+        seq.state = SeqState.PREFILL
+        self.running[seq.slot] = seq
+        return True
+
+    def decoding(self) -> list[Seq]:
+        return [s for s in self.running.values() if s.state is SeqState.DECODE]
+
+    def finish(self, seq: Seq, keep_session: bool = True) -> None:
+        """Free the sequence's slot, or park it for the session's next turn."""
+        if seq.slot < 0:
+            return
+        if self.running.get(seq.slot) is seq:
+            del self.running[seq.slot]
+        session = seq.session
+        if session is not None and keep_session and session not in self._release_when_done:
+            tokens = seq.prompt + seq.out_ids
+            self.table.park(session, seq.slot, tokens, len(tokens) - 1)
+        else:
+            self.table.free(seq.slot, session)
+            self._release_when_done.discard(session or "")
+        seq.slot = -1
+
+    def drain(self) -> list[Seq]:
+        """Remove and return every waiting and running sequence (engine shutdown or a failed step)."""
+        seqs = list(self.waiting) + list(self.running.values())
+        self.waiting.clear()
+        for seq in list(self.running.values()):
+            self.finish(seq, keep_session=False)
+        return seqs
