@@ -110,3 +110,47 @@ def test_all_keys_lists_nested_verl_keys():
     for k in ["actor_rollout_ref.rollout.multi_turn.tool_config_path", "algorithm.adv_estimator",
               "actor_rollout_ref.actor.clip_ratio_high", "custom_reward_function.path", "trainer.n_gpus_per_node"]:
         assert k in keys
+
+
+@pytest.mark.parametrize("override, key, hint", [
+    ("actor_rollout_ref.rollout.mode=sync", "actor_rollout_ref.rollout.mode", "leave it at async"),
+    ("actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.hybrid_engine", "colocated"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "tensor_model_parallel_size", "use 1"),
+    ("actor_rollout_ref.model.use_remove_padding=false", "use_remove_padding", "packed"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size=8", "actor.ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"),
+    ("algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl", "use_kl_in_reward=true"),
+    ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "param_offload", "needs GPU workers"),
+    ("actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "fsdp_size", "HSDP is not implemented"),
+    ("actor_rollout_ref.rollout.response_length=7", "rollout.response_length", "data.max_response_length"),
+    ("trainer.logger=[console,wandb]", "trainer.logger", "supported loggers"),
+])
+def test_unimplemented_values_are_refused_naming_the_key(override, key, hint):
+    """Every key works or is refused: a non-default value of an unimplemented key is a load-time error."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert key in str(e.value) and hint in str(e.value)
+
+
+def test_implemented_verl_values_load():
+    cfg = load_config(None, ["algorithm.kl_ctrl.type=adaptive", "algorithm.use_kl_in_reward=true",
+                             "actor_rollout_ref.actor.fsdp_config.fsdp_size=2", "trainer.num_cpu_workers=2",
+                             "actor_rollout_ref.rollout.response_length=256", "data.filter_overlong_prompts=true",
+                             "data.truncation=left", "algorithm.filter_groups.metric=acc",
+                             "actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.actor.shuffle=true"])
+    assert cfg.algorithm.kl_ctrl.type == "adaptive" and cfg.data.truncation == "left"
+    with pytest.raises(ConfigError, match="filter_groups.metric"):
+        load_config(None, ["algorithm.filter_groups.metric=bogus"])
+
+
+def test_one_builder_for_training_and_evaluation():
+    """Training and `verl-agent rollout` derive sampling from one function: do_sample=false is greedy in both."""
+    from verl_agent.rollout.build import sampling_params
+
+    cfg = load_config(None, ["actor_rollout_ref.rollout.do_sample=false", "data.max_response_length=77",
+                             "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
+                             "actor_rollout_ref.rollout.val_kwargs.do_sample=true"])
+    r = cfg.actor_rollout_ref.rollout
+    train = sampling_params(r, cfg.data, seed=3)
+    val = sampling_params(r, cfg.data, seed=3, validate=True)
+    assert (train.temperature, train.seed, train.max_new_tokens) == (0.0, None, 77)
+    assert (val.temperature, val.seed, val.max_new_tokens) == (0.7, 3, 77)

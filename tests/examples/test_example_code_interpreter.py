@@ -101,4 +101,4 @@ async def test_tiny_model_runs_with_the_sandbox(cfg_for, sandbox, tiny_engine, t
     assert len(batch) == 4
     for traj in batch.trajectories:
         assert traj.error is None, traj.error
-        assert 0.0 <= traj.reward <= 1.0 and "reward_error" not in traj.metrics  # reward.py reached the sandbox
+        assert 0.0 <= traj.reward <= 1.0 and traj.cause != "reward_error"  # reward.py reached the sandbox

@@ -40,7 +40,7 @@ async def test_tiny_model_runs_with_the_search_tool(tiny_engine, tiny_tok, tiny_
     assert len(batch) == 4 and set(loop.tools) == {"search"}
     for traj in batch.trajectories:
         assert traj.error is None, traj.error
-        assert traj.reward in (0.0, 1.0) and "reward_error" not in traj.metrics  # reward.py ran
+        assert traj.reward in (0.0, 1.0) and traj.outcome != "infra_failure"  # reward.py ran
 
 
 def _researcher(text: str, k: int) -> str:

@@ -108,13 +108,14 @@ def train(cfg: RunConfig) -> TrainResult:
                     adv = group.compute_advantages(kl_ctrl.value)
                     m.update(adv.metrics)
                     kl_ctrl.update(adv.kl, adv.sequences)
-                if adv.sequences == 0:
-                    raise RuntimeError("no trainable trajectory in this step (all were infrastructure failures, "
-                                       "filtered, or dropped groups); see rollout/infra_failed/* and train/*")
-                with timer("update", m):
-                    m.update(_mean_over_ranks(group.update(n_mini, step, step > t.critic_warmup), prefix="actor/"))
-                with timer("weight_sync", m):
-                    m["time/weight_sync_worker"] = group.sync_weights()
+                if adv.sequences == 0:  # e.g. every group uniform under filter_groups: nothing to learn from
+                    logger.warning("step %d: no sequence left to train on; skipping the update", step)
+                else:
+                    with timer("update", m):
+                        per_rank = group.update(n_mini, step, step > t.critic_warmup)
+                        m.update(_mean_over_ranks(per_rank, prefix="actor/"))
+                    with timer("weight_sync", m):
+                        m["time/weight_sync_worker"] = group.sync_weights()
             m.setdefault("actor/kl", m.get("actor/ppo_kl", 0.0))
             m["perf/driver_bytes"] = float(group.bytes_moved - bytes0)
             if (t.save_freq > 0 and step % t.save_freq == 0) or step == total:
