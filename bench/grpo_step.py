@@ -181,13 +181,21 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
             "trainer.n_gpus_per_node=1", "trainer.save_freq=-1",
         ] + args.set)
     t0 = time.perf_counter()
+    error, export_ok = None, False
     with Peaks(gpu=args.device == "cuda") as peaks:
-        result = train(cfg)
+        try:
+            result = train(cfg)
+            hist = result.history
+            export_ok = bool(result.export_dir and Path(result.export_dir).is_dir())
+        except Exception as e:  # keep what the steps measured (metrics.jsonl) and say what broke
+            error = f"{type(e).__name__}: {e}"[:600]
+            rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").open()] \
+                if (work / "run" / "metrics.jsonl").is_file() else []
+            hist = [r for r in rows if "time/step" in r]
     total = time.perf_counter() - t0
-    hist = result.history
     out = {"total_s": total, "steps": len(hist), "peak_gpu_gib": peaks.gpu_mib / 1024,
            "peak_rss_gib": peaks.rss / 2**30, "peak_rss_one_process_gib": peaks.rss_one / 2**30,
-           "export_ok": bool(result.export_dir and Path(result.export_dir).is_dir()),
+           "export_ok": export_ok, "error": error,
            "checkpoint_s": max((h.get("time/checkpoint", 0.0) for h in hist), default=0.0)}
     for ph in PHASES:
         vals = [h.get(f"time/{ph}", 0.0) for h in hist]
@@ -213,6 +221,7 @@ def run_trl(args, model_dir: Path, work: Path) -> dict:
 
     rows = [json.loads(line) for line in write_prompts(work / "trl.jsonl", args.prompts * args.steps,
                                                        args.prompt_len, SHAPES[args.shape]["vocab_size"]).open()]
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows]  # chat template, as ours
     times: list[float] = []
 
     class Timer(TrainerCallback):
@@ -242,6 +251,14 @@ def run_trl(args, model_dir: Path, work: Path) -> dict:
     return {"steps": len(times), "first_step": times[0] if times else 0.0,
             "warm_step": sum(times[1:]) / max(1, len(times) - 1), "peak_gpu_gib": peaks.gpu_mib / 1024,
             "peak_rss_gib": peaks.rss / 2**30}
+
+
+def _try_trl(args, model_dir: Path, work: Path) -> dict | None:
+    try:
+        return run_trl(args, model_dir, work)
+    except Exception as e:  # TRL is optional: report ours anyway
+        print(f"TRL failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -278,7 +295,7 @@ def report(args, ours: dict, trl: dict | None) -> dict:
     print(f"\n| {args.shape} on {args.device} | verl-agent | TRL 1.16 |\n| --- | --- | --- |")
     for name, a, b in rows:
         print(f"| {name} | {a:.3g} | {'' if b is None else f'{b:.3g}'} |")
-    print(f"export written: {ours['export_ok']}")
+    print(f"export written: {ours['export_ok']}" + (f"; ERROR: {ours['error']}" if ours["error"] else ""))
     return out
 
 
@@ -295,18 +312,19 @@ def main() -> None:
     p.add_argument("--trl-first", action="store_true", help="run TRL before ours")
     p.add_argument("--set", nargs="*", default=[], help="extra dotted overrides of our config")
     p.add_argument("--json", type=Path, default=None, help="also write the JSON result here")
+    p.add_argument("--model-dir", type=Path, default=None, help="where the random model is written (default: tmp)")
     args = p.parse_args()
     args.device = args.device or ("cpu" if args.shape == "tiny" else "cuda")
     os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "ray"))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     with tempfile.TemporaryDirectory(prefix="grpo_bench_") as tmp:
         work = Path(tmp)
-        model_dir = build_model_dir(args.shape, work, args.device) if args.shape in SHAPES else None
+        model_dir = build_model_dir(args.shape, args.model_dir or work, args.device) if args.shape in SHAPES else None
         use_trl = not args.no_trl and args.shape in SHAPES
-        trl = run_trl(args, model_dir, work) if use_trl and args.trl_first else None
+        trl = _try_trl(args, model_dir, work) if use_trl and args.trl_first else None
         ours = run_ours(args, model_dir, work)
         if use_trl and not args.trl_first:
-            trl = run_trl(args, model_dir, work)
+            trl = _try_trl(args, model_dir, work)
         result = report(args, ours, trl)
     line = json.dumps(result)
     print(line)

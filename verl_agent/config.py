@@ -171,6 +171,21 @@ class SGLangConfig(Section):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of a launched server")
 
 
+class AgentFunctionConfig(Section):
+    """actor_rollout_ref.rollout.agent: train your own agent function through the OpenAI-compatible endpoint
+    (verl_agent/rollout/agent_function.py; docs/openai_agents.md)."""
+
+    entrypoint: str | None = Field(None, description="'module:function' or 'path/file.py:function', an async "
+                                   "run_agent(sample, base_url, api_key); None: the native agent loop")
+    timeout: float = Field(600.0, gt=0, description="seconds one agent run may take (then an infra failure)")
+    model_name: str = Field("policy", description="the model name the endpoint serves (others get 404)")
+    host: str = Field("127.0.0.1", description="interface the in-process endpoint listens on (a free port)")
+    max_request_bytes: int = Field(4 << 20, ge=1024, description="larger request bodies get HTTP 413")
+    max_concurrency: int | None = Field(None, ge=1, description="agent runs at once per worker; None: all")
+    use_request_sampling: bool = Field(False, description="apply the agent's temperature/top_p (the trainer's "
+                                       "sampling settings otherwise win, so log-probs match the actor)")
+
+
 class RolloutConfig(Section):
     name: Literal["hf", "sglang"] = "hf"
     mode: Literal["sync", "async"] = Field("async", description="trajectories always run concurrently (sync is refused)")
@@ -204,6 +219,7 @@ class RolloutConfig(Section):
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     val_kwargs: ValKwargsConfig = Field(default_factory=ValKwargsConfig)
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
+    agent: AgentFunctionConfig = Field(default_factory=AgentFunctionConfig)
 
 
 class ActorRolloutRefConfig(Section):
@@ -248,6 +264,19 @@ class FilterGroupsConfig(Section):
         "seq_final_reward (reward minus the in-reward KL penalty), acc (success: reward >= 1)")
 
 
+class RolloutCorrectionConfig(Section):
+    """Truncated importance sampling between the engine's policy (which sampled) and PPO's old policy.
+
+    Decoupled PPO: the PPO ratio is taken against the actor's recomputed log-probs, and each token's
+    advantage is scaled by w = min(pi_old / pi_engine, rollout_is_threshold) (token) or by the
+    sequence's product of ratios, truncated (sequence). Needed when rollouts are stale (async modes).
+    """
+
+    rollout_is: Literal["auto", "none", "token", "sequence"] = Field(
+        "auto", description="auto: token in one_step_off/async modes, none in sync")
+    rollout_is_threshold: float = Field(2.0, gt=0, description="cap of the importance weight")
+
+
 class AlgorithmConfig(Section):
     adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"] = "grpo"
     gamma: float = 1.0
@@ -257,6 +286,7 @@ class AlgorithmConfig(Section):
     kl_penalty: Literal["k1", "kl", "abs", "k2", "mse", "low_var_kl", "k3"] = "kl"
     kl_ctrl: KLCtrlConfig = Field(default_factory=KLCtrlConfig)
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
 
 
 class TrainerConfig(Section):
@@ -279,6 +309,15 @@ class TrainerConfig(Section):
     seed: int = 0
     log_trajectories: bool = Field(True, description="write every step's trajectories to "
                                    "<run dir>/trajectories/step_N.jsonl (verl-agent view reads them)")
+    mode: Literal["sync", "one_step_off", "async"] = Field(
+        "sync", description="sync: roll out a batch, then train on it. one_step_off: batch k+1 rolls out while "
+        "batch k trains (weights reach the engine once both are done). async: rollouts run continuously; each "
+        "step takes the first groups to finish, at most max_staleness policy versions old")
+    max_staleness: int = Field(1, ge=0, description="async: batches fed ahead of training = the largest policy-"
+                               "version lag allowed; older groups are dropped (counted) and rolled out again")
+    partial_rollout: bool = Field(True, description="async: on a weight update, trajectories pause at a turn "
+                                  "boundary and continue under the new weights (each turn records its version); "
+                                  "false: started trajectories finish under the old weights first")
     max_infra_failure_fraction: float = Field(
         0.2, ge=0, le=1, description="stop the run when more than this share of a step's trajectories failed "
         "for infrastructure reasons (engine, sandbox, tool crash, reward fn, interaction)")

@@ -110,6 +110,17 @@ class Sample:
     interaction_kwargs: dict[str, Any] = field(default_factory=dict)
     extra_info: dict[str, Any] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (a resumed run re-feeds samples that were in flight when it stopped)."""
+        from dataclasses import asdict
+
+        return {**asdict(self), "messages": [m.to_chat() for m in self.messages]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Sample:
+        msgs = [Message.from_chat(m, where=f"sample {d.get('uid')}.messages[{i}]") for i, m in enumerate(d["messages"])]
+        return cls(**{**d, "messages": msgs})
+
 
 @dataclass
 class Turn:
@@ -126,6 +137,7 @@ class Turn:
     score: float = 0.0  # per-turn score from tools' step rewards or the interaction
     gen_seconds: float = 0.0
     tool_seconds: float = 0.0
+    policy_version: int = 0  # the weights that generated this turn's tokens (per token: its turn's version)
 
 
 @dataclass
@@ -143,7 +155,7 @@ class Trajectory:
     messages: list[Message] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     data_source: str = "default"
-    policy_version: int = 0
+    policy_version: int = 0  # the weights at the first token; see Turn.policy_version for later turns
     outcome: Outcome = "ok"
     cause: str | None = None  # why it failed (see Outcome); None when ok
     error: str | None = None  # the exception text of an infra failure
@@ -164,6 +176,11 @@ class Trajectory:
     @property
     def num_model_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version that generated any of its tokens (staleness is measured from it)."""
+        return min((t.policy_version for t in self.turns), default=self.policy_version)
 
 
 @dataclass

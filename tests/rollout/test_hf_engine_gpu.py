@@ -37,8 +37,8 @@ async def _compare() -> None:
     from verl_agent.rollout.hf_engine import HFEngine
 
     model = _model()
-    fast = HFEngine(model, device="cuda", stop_on_eos=False)  # static + compiled by default on CUDA
-    slow = HFEngine(model, device="cuda", stop_on_eos=False, static=False)
+    fast = HFEngine(model, device="cuda", stop_on_eos=False, scheduler="batch")  # static + compiled on CUDA
+    slow = HFEngine(model, device="cuda", stop_on_eos=False, static=False, scheduler="batch")
     assert fast.settings.static and fast.settings.compile
     prompts = [[(7 * i + j) % 1000 + 2 for j in range(3 + 5 * i)] for i in range(6)]
     for sp in (SamplingParams(temperature=0.0, max_new_tokens=24),
@@ -55,6 +55,45 @@ async def _compare() -> None:
     await fast.close()
 
 
+async def _compare_continuous() -> None:
+    """Continuous scheduler: CUDA-graph decode == eager decode == batch scheduler; KV reuse == full prefill."""
+    from verl_agent.rollout.engine import SamplingParams, check_engine
+    from verl_agent.rollout.hf_engine import HFEngine
+
+    model = _model()
+    graphs = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512)  # graphs by default on CUDA
+    eager = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512, compile=False)
+    batch = HFEngine(model, device="cuda", stop_on_eos=False, scheduler="batch", static=False)
+    prompts = [[(7 * i + j) % 1000 + 2 for j in range(3 + 5 * i)] for i in range(6)]
+    for sp in (SamplingParams(temperature=0.0, max_new_tokens=24),
+               SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_new_tokens=24, seed=3)):  # fmt: skip
+        a = await asyncio.gather(*(graphs.generate(p, sp) for p in prompts))
+        b = await asyncio.gather(*(eager.generate(p, sp) for p in prompts))
+        c = await asyncio.gather(*(batch.generate(p, sp) for p in prompts))
+        for x, y, z in zip(a, b, c):
+            assert x.token_ids == y.token_ids == z.token_ids, (x.token_ids, y.token_ids, z.token_ids)
+            assert max(abs(u - v) for u, v in zip(x.logprobs, z.logprobs)) < 1e-3
+        # second turn with the session: same as a fresh full prefill
+        sp2 = SamplingParams(temperature=0.0, max_new_tokens=16)
+        first = await asyncio.gather(*(graphs.generate(p, sp2, session=f"s{i}") for i, p in enumerate(prompts)))
+        turn2 = [p + o.token_ids + [5, 6, 7] for p, o in zip(prompts, first)]
+        reuse = await asyncio.gather(*(graphs.generate(p, sp2, session=f"s{i}") for i, p in enumerate(turn2)))
+        full = await asyncio.gather(*(eager.generate(p, sp2) for p in turn2))
+        assert [r.token_ids for r in reuse] == [f.token_ids for f in full]
+    assert graphs.metrics()["engine/prefill_tokens_saved"] > 0
+    assert graphs.metrics()["engine/cuda_graphs"] > 0
+    await check_engine(graphs, max_new_tokens=8)
+    await graphs.sleep()
+    await graphs.wake_up()
+    await check_engine(graphs, max_new_tokens=8)
+    for e in (graphs, eager, batch):
+        await e.close()
+
+
+def test_continuous_graphs_match_eager_and_batch() -> None:
+    asyncio.run(_compare_continuous())
+
+
 def test_static_compiled_matches_eager() -> None:
     asyncio.run(_compare())
 
@@ -62,3 +101,5 @@ def test_static_compiled_matches_eager() -> None:
 if __name__ == "__main__":
     asyncio.run(_compare())
     print("GPU fast path OK")
+    asyncio.run(_compare_continuous())
+    print("GPU continuous path OK")

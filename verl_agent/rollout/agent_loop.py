@@ -264,7 +264,9 @@ class AgentLoop:
         traj.response_ids += out.token_ids
         traj.loss_mask += [1] * len(out.token_ids)
         traj.rollout_logprobs += [float(x) for x in out.logprobs]
-        turn = Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids))
+        # read after the call: weights change only while no generate call is in flight (rollout/stream.py)
+        turn = Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids),
+                    policy_version=self.policy_version)
         turn.gen_seconds = time.perf_counter() - t0
         traj.turns.append(turn)
         ep.assistant_turns += 1

@@ -125,6 +125,12 @@ def build_agent_loop(rollout: RolloutConfig, data: DataConfig, engine: Engine, t
     from verl_agent.interactions.registry import load_interactions
     from verl_agent.tools import load_tools
 
+    if rollout.agent.entrypoint:  # the user's own agent, through the recording OpenAI endpoint
+        from verl_agent.rollout.agent_function import AgentFunctionLoop
+
+        return AgentFunctionLoop(engine, tokenizer, rollout, rollout.agent.entrypoint, reward_fn=reward_fn,
+                                 max_prompt_length=data.max_prompt_length,
+                                 max_response_length=data.max_response_length)  # type: ignore[return-value]
     mt = rollout.multi_turn
     return AgentLoop(
         engine, tokenizer, rollout,

@@ -58,8 +58,11 @@ class ContinuousBatcher:
         self._lock = threading.Lock()
         self._serving = False
         self.closed = False
-        self.counters = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "decode_steps": 0,
-                         "prefill_chunks": 0, "decode_rows": 0, "failed_requests": 0}  # fmt: skip
+        self._last_prefill_s = 0.0  # duration of the last prefill chunk
+        self._decode_s_since_prefill = 0.0
+        self.counters: dict[str, float] = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "decode_steps": 0,
+                         "prefill_chunks": 0, "decode_rows": 0, "failed_requests": 0,
+                         "prefill_s": 0.0, "decode_s": 0.0}  # fmt: skip
 
     # -- event-loop side -----------------------------------------------------------------------------------
     def submit(self, item: Seq | tuple[str, str], executor: Executor) -> None:
@@ -97,12 +100,21 @@ class ContinuousBatcher:
             raise
 
     def step(self) -> None:
-        chunks = self.sched.schedule_prefill()
-        if chunks:
-            self._prefill(chunks)
-        seqs = self.sched.decoding()
-        if seqs:
-            self._decode(seqs)
+        """At most one prefill chunk, then one decode step.
+
+        Pacing: while sequences are decoding, a prefill chunk runs only once the decode time since the
+        last chunk has reached that chunk's duration, so prefills take at most about half of the busy
+        time. An eager prefill forward costs as much host time as tens of replayed decode steps on a
+        GPU; waiting a few steps lets arrivals share one chunk. On CPU the two cost about the same and
+        a chunk runs every step or two."""
+        decoding = self.sched.decoding()
+        if self.sched.wants_prefill() and (not decoding or self._decode_s_since_prefill >= self._last_prefill_s):
+            chunks = self.sched.schedule_prefill()
+            if chunks:
+                self._prefill(chunks)
+                decoding = self.sched.decoding()
+        if decoding:
+            self._decode(decoding)
 
     def _prefill(self, chunks: list[Chunk]) -> None:
         t0 = time.perf_counter()
@@ -119,7 +131,10 @@ class ContinuousBatcher:
         except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving the rest
             self._fail([s for s, _, _ in chunks], e)
             return
-        self.runner.busy_s += time.perf_counter() - t0
+        self._last_prefill_s = time.perf_counter() - t0
+        self._decode_s_since_prefill = 0.0
+        self.runner.busy_s += self._last_prefill_s
+        self.counters["prefill_s"] += self._last_prefill_s
         self.counters["prefill_chunks"] += 1
         for s, a, b in chunks:
             s.n_cached = b
@@ -144,7 +159,10 @@ class ContinuousBatcher:
         except Exception as e:  # noqa: BLE001
             self._fail(seqs, e)
             return
-        self.runner.busy_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.runner.busy_s += dt
+        self._decode_s_since_prefill += dt
+        self.counters["decode_s"] += dt
         self.counters["decode_steps"] += 1
         self.counters["decode_rows"] += len(seqs)
         for s in seqs:

@@ -1,6 +1,7 @@
 """Continuous-batching scheduler: who gets a slot, which prompt tokens are prefilled this step, who decodes.
 
-Each engine step runs at most one prefill chunk and then one decode step over
+Each engine step runs at most one prefill chunk (paced by the engine loop, see
+continuous.py) and then one decode step over
 every sequence that has finished its prompt. A prefill chunk holds the next
 prompt tokens of admitted sequences (partially prefilled ones first, then new
 arrivals in FIFO order), left-padded to a common width, with rows x width at
@@ -36,6 +37,9 @@ class Scheduler:
 
     def add(self, seq: Seq) -> None:
         self.waiting.append(seq)
+
+    def wants_prefill(self) -> bool:
+        return bool(self.waiting) or any(s.state is SeqState.PREFILL for s in self.running.values())
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -9,6 +9,12 @@ divided by the world size (FSDP averages gradients over ranks), so N ranks
 with micro-batches compute exactly the gradient of the whole mini-batch in one
 piece (tests/trainer/test_fsdp_invariance.py).
 
+Forward passes take a micro-batch as a right-padded [B, L] batch with an
+attention mask, sequences of similar length grouped together (`split_padded`)
+so that padding stays small. One packed row of all sequences (no padding) was
+the first design, but without a varlen attention kernel its block-diagonal
+mask makes attention cost (sum of lengths)^2: 90 % of the CPU demo's update.
+
 Log-probs never materialise the [tokens, vocab] logits: the model's lm_head is
 switched to `LogProbHead`, which (only while `forward_log_probs` asks) turns the
 hidden states of the response positions straight into log-probs, a chunk of
@@ -22,7 +28,6 @@ ratio 1 without a separate forward pass).
 
 from __future__ import annotations
 
-import inspect
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -32,7 +37,7 @@ from torch import Tensor, nn
 
 from verl_agent.trainer.algorithms import actor_loss, entropy_from_logits, value_loss
 from verl_agent.trainer.losses import chunked_log_probs
-from verl_agent.trainer.batch import TrainSeq, pack, pad_field, response_positions, split_by_tokens
+from verl_agent.trainer.batch import TrainSeq, pad_field
 
 __all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "forward_values", "micro_batches", "update_actor",
            "update_critic"]
@@ -66,12 +71,43 @@ def micro_batches(seqs: list[TrainSeq], mb: MicroBatching) -> list[list[TrainSeq
     """Micro-batches of this rank, padded with empty ones to the max count over ranks."""
     lengths = [s.num_tokens for s in seqs]
     if mb.dynamic:
-        groups = split_by_tokens(lengths, mb.max_tokens)
+        groups = split_padded(lengths, mb.max_tokens)
     else:
         groups = [list(range(i, min(i + mb.per_gpu, len(seqs)))) for i in range(0, len(seqs), mb.per_gpu)]
     count = _all_reduce(torch.tensor([len(groups)]), dist.ReduceOp.MAX)
     groups += [[] for _ in range(int(count) - len(groups))]
     return [[seqs[i] for i in g] for g in groups]
+
+
+def split_padded(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped so that each group's PADDED size (count x longest) stays <= max_tokens.
+
+    Sequences are taken longest first, so a group holds similar lengths and padding stays small; a
+    sequence longer than the budget gets a group of its own (never dropped).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"ppo_max_token_len_per_gpu must be >= 1, got {max_tokens}")
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def padded_batch(seqs: list[TrainSeq], device: torch.device | str) -> tuple[Tensor, Tensor, Tensor]:
+    """input_ids [B, L] right-padded with 0, attention_mask [B, L], and the flat indices (into B*L) of the
+    positions that predict each response token, in sequence order (position t-1 predicts token t)."""
+    width = max(s.num_tokens for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    rows = []
+    for b, s in enumerate(seqs):
+        ids[b, : s.num_tokens] = torch.as_tensor(s.input_ids)
+        mask[b, : s.num_tokens] = 1
+        rows.append(torch.arange(b * width + s.prompt_len - 1, b * width + s.num_tokens - 1))
+    return ids.to(device), mask.to(device), torch.cat(rows).to(device)
 
 
 class LogProbHead(nn.Linear):
@@ -82,26 +118,26 @@ class LogProbHead(nn.Linear):
     weight sync see an ordinary model.
     """
 
-    request: tuple[Tensor, float, bool, int] | None = None
+    request: tuple[Tensor, Tensor, float, bool, int] | None = None
 
     def forward(self, hidden: Tensor) -> Tensor:
         if self.request is None:
             return super().forward(hidden)
-        targets, temperature, with_entropy, chunk = self.request
-        logp, ent = chunked_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.weight, targets, temperature,
-                                      chunk, with_entropy)
-        return torch.stack([logp, ent if ent is not None else torch.zeros_like(logp)], -1)[None]
+        index, targets, temperature, with_entropy, chunk = self.request
+        picked = hidden.reshape(-1, hidden.shape[-1])[index]
+        logp, ent = chunked_log_probs(picked, self.weight, targets, temperature, chunk, with_entropy)
+        ent = ent if ent is not None else torch.zeros_like(logp)
+        return torch.stack([logp[None], ent[None]], -1)  # [1, R, 2]; not a view (FSDP2 warns about views)
 
 
 def _fused_head(model: nn.Module) -> LogProbHead | None:
     """The model's lm_head as a LogProbHead (switched on first use), or None where the fused path does not apply:
-    no plain bias-free linear head, no ``logits_to_keep`` argument, or logits post-processed after the head."""
+    no plain bias-free linear head, or logits post-processed after the head (soft-capping, scaling)."""
     head = getattr(model, "lm_head", None)
     if isinstance(head, LogProbHead):
         return head
     conf = getattr(model, "config", None)
     if (type(head) is not nn.Linear or head.bias is not None
-            or "logits_to_keep" not in inspect.signature(type(model).forward).parameters
             or getattr(conf, "final_logit_softcapping", None) or getattr(conf, "logit_scale", None)):
         return None
     head.__class__ = LogProbHead  # same object, parameters and hooks: only forward changes
@@ -111,28 +147,27 @@ def _fused_head(model: nn.Module) -> LogProbHead | None:
 def forward_log_probs(model: nn.Module, seqs: list[TrainSeq], temperature: float, device: torch.device,
                       with_entropy: bool = False, chunk_tokens: int = 2048, fused: bool = True,
                       ) -> tuple[list[Tensor], list[Tensor] | None]:
-    """Per-sequence log-probs of the response tokens (and entropies), from ONE packed forward.
+    """Per-sequence log-probs of the response tokens (and entropies), from ONE forward of a padded batch.
 
-    Only the response positions reach the head (``logits_to_keep``), and the vocabulary projection runs
-    ``chunk_tokens`` rows at a time, so fp32 logits exist for at most one chunk. ``fused=False`` takes the
-    plain path (full logits of the packed row, then log-softmax), kept as the reference.
+    Only the response positions reach the vocabulary projection, which runs ``chunk_tokens`` rows at a
+    time, so fp32 logits exist for at most one chunk. ``fused=False`` takes the plain path (full logits,
+    then log-softmax), kept as the reference.
     """
     real = seqs or [_DUMMY]
-    ids, pos = pack(real, device)
-    rows = response_positions(real, device)
-    targets = ids[0, rows + 1]
+    ids, mask, rows = padded_batch(real, device)
+    targets = ids.view(-1)[rows + 1]
     sizes = [s.response_len for s in real]
     head = _fused_head(model) if fused else None
     if head is not None:
-        head.request = (targets, temperature, with_entropy, chunk_tokens)
+        head.request = (rows, targets, temperature, with_entropy, chunk_tokens)
         try:
-            out = model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows).logits[0]
+            out = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[0]
         finally:
             head.request = None
         logp, ent = out[:, 0], (out[:, 1] if with_entropy else None)
     else:
-        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
-        picked = logits[rows].float() / (temperature if temperature > 0 else 1.0)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        picked = logits.reshape(-1, logits.shape[-1])[rows].float() / (temperature if temperature > 0 else 1.0)
         logp = picked.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
         ent = entropy_from_logits(picked) if with_entropy else None
     return list(logp.split(sizes)), (list(ent.split(sizes)) if ent is not None else None)
@@ -141,9 +176,9 @@ def forward_log_probs(model: nn.Module, seqs: list[TrainSeq], temperature: float
 def forward_values(critic: nn.Module, seqs: list[TrainSeq], device: torch.device) -> list[Tensor]:
     """Per-sequence values at the positions that predict each response token (aligned with log-probs)."""
     real = seqs or [_DUMMY]
-    ids, pos = pack(real, device)
-    values = critic(ids, pos)[0]
-    return list(values[response_positions(real, device)].split([s.response_len for s in real]))
+    ids, mask, rows = padded_batch(real, device)
+    values = critic(ids, attention_mask=mask)
+    return list(values.reshape(-1)[rows].split([s.response_len for s in real]))
 
 
 def _global_counts(seqs: list[TrainSeq]) -> tuple[float, float]:

@@ -127,13 +127,22 @@ class WorkerGroup:
 
     # -- typed calls -----------------------------------------------------------------------------
 
-    def rollout(self, samples: Sequence[Sample], n: int, sampling: SamplingParams, step: int,
-                validate: bool = False) -> list[RolloutResult]:  # fmt: skip
-        """Prompts sharded contiguously over ranks (whole GRPO groups per rank); one result per rank."""
+    def feed(self, samples: Sequence[Sample], n: int, sampling: SamplingParams, batch: int) -> list[int]:
+        """Start batch `batch`: prompts sharded contiguously over ranks (whole GRPO groups per rank);
+        returns each rank's number of prompts (what its `take` for that batch asks for)."""
         shards = shard_list(samples, self.world_size)
-        self._count(shards, (n, sampling, step) * self.world_size)
-        return self._get([w.rollout.remote(s, n, sampling, step, validate) for w, s in zip(self.workers, shards)],
-                         "rollout")
+        self._count(shards, (n, sampling, batch) * self.world_size)
+        self._get([w.feed.remote(s, n, sampling, batch) for w, s in zip(self.workers, shards)], "feed")
+        return [len(s) for s in shards]
+
+    def take(self, counts: Sequence[int], step: int, min_version: int) -> list[RolloutResult]:
+        """Each rank keeps counts[rank] finished groups (no older than min_version) for this step."""
+        return self._get([w.take.remote(k, step, min_version) for w, k in zip(self.workers, counts)], "take")
+
+    def validate(self, samples: Sequence[Sample], n: int, sampling: SamplingParams, step: int) -> list[RolloutResult]:
+        shards = shard_list(samples, self.world_size)
+        self._count(shards)
+        return self._get([w.validate.remote(s, n, sampling, step) for w, s in zip(self.workers, shards)], "validate")
 
     def set_sequences(self, shards: Sequence[Sequence[TrainSeq]]) -> None:
         """Hand rank i the training sequences shards[i] (offline data; tests)."""
@@ -152,9 +161,9 @@ class WorkerGroup:
         """Per-rank update metrics."""
         return self._get([w.update.remote(n_minibatches, step, update_actor) for w in self.workers], "update")
 
-    def sync_weights(self) -> float:
-        """Slowest rank's seconds."""
-        return max(self._get([w.sync_weights.remote() for w in self.workers], "sync_weights"))
+    def sync_weights(self, version: int) -> float:
+        """Push the actor's weights into every engine as policy `version`; the slowest rank's seconds."""
+        return max(self._get([w.sync_weights.remote(version) for w in self.workers], "sync_weights"))
 
     def check_sync(self, prompts: list[list[int]]) -> list[float]:
         return self._get([w.check_sync.remote(prompts) for w in self.workers], "check_sync")

@@ -173,7 +173,9 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
-        """Values [1, L] for a packed row."""
-        hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                ) -> Tensor:
+        """Values [B, L] (a packed row with position_ids, or a padded batch with attention_mask)."""
+        hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                               use_cache=False).last_hidden_state
         return self.value_head(hidden).squeeze(-1).float()

@@ -58,7 +58,7 @@ def train(cfg: RunConfig) -> TrainResult:
     """Run GRPO/PPO training as configured; see the module docstring."""
     from tqdm import tqdm
 
-    from verl_agent.rollout.build import load_split, sampling_params, train_dataset
+    from verl_agent.rollout.build import load_split, train_dataset
 
     t, rollout_cfg = cfg.trainer, cfg.actor_rollout_ref.rollout
     run_dir = cfg.run_dir
@@ -76,26 +76,28 @@ def train(cfg: RunConfig) -> TrainResult:
         group = WorkerGroup.create(cfg)
         result.workers = group.info
         last_ckpt = _resume_point(cfg)
+        in_flight: list[dict] = []
         if last_ckpt is not None:
             state = _resume(group, dataset, last_ckpt)
             step = result.resumed_from = state["step"]
             result.val_before = state.get("val_before", {})
             kl_ctrl.load_state_dict(state.get("kl_ctrl", kl_ctrl.state_dict()))
+            in_flight = state.get("in_flight", [])
         tracker = Tracker(run_dir, t.logger, append=step > 0)
         tracker.truncate_after(step)
+        _truncate_trajectory_logs(run_dir, step)
         if step == 0 and t.val_before_train and val_samples:
             result.val_before = _validate(group, val_samples, cfg, 0)
             tracker.log(0, result.val_before, write=print)
-        batches = dataset.batches(cfg.data.train_batch_size)
+        feeder = Feeder(group, dataset.batches(1), cfg, total, first=step + 1, replay=in_flight)
         bar = tqdm(range(step + 1, total + 1), desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
         for step in bar:
             m: dict[str, Any] = {}
             bytes0 = group.bytes_moved
             with timer("step", m):
-                samples = next(batches)
                 with timer("rollout", m):
-                    sampling = sampling_params(rollout_cfg, cfg.data, seed=_step_seed(t.seed, step))
-                    outs = group.rollout(samples, rollout_cfg.n, sampling, step)
+                    feeder.fill(step)  # sync: this step's batch; one_step_off / async: also the next ones
+                    outs = feeder.take(step, min_version=step - 1 - feeder.staleness)
                     summaries = [s for o in outs for s in o.summaries]
                     m["time/reward"] = max(o.reward_seconds for o in outs)
                     m["time/tools"] = max(o.tool_seconds for o in outs)
@@ -115,13 +117,13 @@ def train(cfg: RunConfig) -> TrainResult:
                         per_rank = group.update(n_mini, step, step > t.critic_warmup)
                         m.update(_mean_over_ranks(per_rank, prefix="actor/"))
                     with timer("weight_sync", m):
-                        m["time/weight_sync_worker"] = group.sync_weights()
+                        m["time/weight_sync_worker"] = group.sync_weights(version=step)
             m.setdefault("actor/kl", m.get("actor/ppo_kl", 0.0))
             m["perf/driver_bytes"] = float(group.bytes_moved - bytes0)
             if (t.save_freq > 0 and step % t.save_freq == 0) or step == total:
                 with timer("checkpoint", m):
-                    last_ckpt = _save(group, run_dir, step, dataset,
-                                      {"val_before": result.val_before, "kl_ctrl": kl_ctrl.state_dict()})
+                    last_ckpt = _save(group, run_dir, step, dataset, {"val_before": result.val_before,
+                                      "kl_ctrl": kl_ctrl.state_dict(), "in_flight": feeder.in_flight()})
             if t.test_freq > 0 and step % t.test_freq == 0 and step != total and val_samples:
                 m.update(_validate(group, val_samples, cfg, step))
             tracker.log(step, m, write=bar.write)
@@ -207,11 +209,67 @@ def _validate(group: WorkerGroup, samples: list, cfg: RunConfig, step: int) -> d
     r = cfg.actor_rollout_ref.rollout
     sampling = sampling_params(r, cfg.data, seed=_step_seed(cfg.trainer.seed, -1), validate=True)
     t0 = time.perf_counter()
-    outs = group.rollout(samples, r.val_kwargs.n, sampling, step, validate=True)
+    outs = group.validate(samples, r.val_kwargs.n, sampling, step)
     m = summarize([s for o in outs for s in o.summaries])
     out = {k.replace("rollout/", "val/", 1): v for k, v in m.items()}
     out["time/validation"] = time.perf_counter() - t0
     return out
+
+
+class Feeder:
+    """Feeds the workers batch after batch ahead of training, as trainer.mode asks, and tracks what is untrained.
+
+    sync feeds batch k at step k; one_step_off also batch k+1 (it rolls out while k trains);
+    async keeps trainer.max_staleness batches ahead. Batch k always gets the seed of step k, so
+    a window of 0 reproduces a synchronous run exactly. Samples fed but not yet trained go into
+    each checkpoint (`in_flight`); a resumed run feeds them first, so no sample is lost or
+    trained twice.
+    """
+
+    def __init__(self, group: WorkerGroup, samples: Any, cfg: RunConfig, total: int, first: int,
+                 replay: list[dict] | None = None) -> None:
+        from verl_agent.protocol import Sample
+
+        t = cfg.trainer
+        self.group, self.samples, self.cfg, self.total = group, samples, cfg, total
+        self.ahead = {"sync": 0, "one_step_off": 1, "async": t.max_staleness}[t.mode]
+        self.staleness = self.ahead
+        self.counts: dict[int, list[int]] = {}  # batch -> prompts per rank (what `take` asks each rank for)
+        self.untrained: dict[tuple[int, int], Any] = {}  # (batch, index in batch) -> Sample
+        self.next = first
+        self.replay = [Sample.from_dict(d) for d in replay or []]
+
+    def fill(self, step: int) -> None:
+        from verl_agent.rollout.build import sampling_params
+        from verl_agent.trainer.controller import shard_sizes
+
+        r, size = self.cfg.actor_rollout_ref.rollout, self.cfg.data.train_batch_size
+        while self.next <= min(step + self.ahead, self.total):
+            batch = [self.replay.pop(0) if self.replay else next(self.samples)[0] for _ in range(size)]
+            sampling = sampling_params(r, self.cfg.data, seed=_step_seed(self.cfg.trainer.seed, self.next))
+            self.counts[self.next] = self.group.feed(batch, r.n, sampling, batch=self.next)
+            assert self.counts[self.next] == shard_sizes(size, self.group.world_size)
+            self.untrained.update({(self.next, i): s for i, s in enumerate(batch)})
+            self.next += 1
+
+    def take(self, step: int, min_version: int) -> list:
+        counts = self.counts.pop(step)
+        outs = self.group.take(counts, step, min_version)
+        offsets = [sum(counts[:r]) for r in range(len(counts))]  # rank r holds the batch's prompts from here
+        for rank, out in enumerate(outs):
+            for batch, position in out.taken:
+                del self.untrained[(batch, offsets[rank] + position)]
+        return outs
+
+    def in_flight(self) -> list[dict]:
+        return [s.to_dict() for _, s in sorted(self.untrained.items(), key=lambda kv: kv[0])]
+
+
+def _truncate_trajectory_logs(run_dir: Path, step: int) -> None:
+    """On resume: drop trajectory logs of steps after the checkpoint (they are rolled out again)."""
+    for path in (run_dir / "trajectories").glob("*step_*.jsonl"):
+        if int(path.stem.rsplit("_", 1)[1]) > step:
+            path.unlink()
 
 
 def _resume_point(cfg: RunConfig) -> Path | None:

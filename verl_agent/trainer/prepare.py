@@ -24,7 +24,8 @@ from verl_agent.trainer.algorithms import (
 )
 from verl_agent.trainer.batch import TrainSeq, from_trajectory, pad_field
 
-__all__ = ["GROUP_ESTIMATORS", "train_seqs", "assign_advantages", "filter_groups", "log_prob_metrics"]
+__all__ = ["GROUP_ESTIMATORS", "train_seqs", "assign_advantages", "filter_groups", "log_prob_metrics",
+           "apply_rollout_correction"]
 
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 
@@ -140,3 +141,33 @@ def log_prob_metrics(seqs: list[TrainSeq], all_reduce: AllReduce = _local) -> di
             out["actor/kl"] = float(tot[5]) / tokens
     return out
 
+
+
+def apply_rollout_correction(seqs: list[TrainSeq], level: str, threshold: float, all_reduce: AllReduce = _local
+                             ) -> dict[str, float]:  # fmt: skip
+    """Decoupled PPO / truncated importance sampling: scale each token's advantage by the capped weight
+    pi_old / pi_engine (token) or by its sequence's capped product of ratios (sequence).
+
+    Scaling the advantage by w > 0 is the same as weighting the token's clipped PPO term by w, so the
+    loss functions stay untouched. Needs the actor's old log-probs (recomputed) and the engine's.
+    """
+    stats = torch.zeros(4, dtype=torch.float64)  # sum of weights, tokens, capped tokens, max weight
+    for s in seqs:
+        mask = s.loss_mask.bool()
+        log_ratio = torch.where(mask, s.old_log_probs - s.rollout_log_probs, 0.0)
+        if level == "token":
+            raw = log_ratio.exp()
+        elif level == "sequence":
+            raw = log_ratio.sum().exp().expand_as(log_ratio)
+        else:
+            raise ValueError(f"algorithm.rollout_correction.rollout_is must be token or sequence, got {level!r}")
+        w = torch.where(mask, raw.clamp(max=threshold), 0.0)
+        s.advantages = s.advantages * w
+        stats += torch.tensor([float(w.sum()), float(mask.sum()), float((mask & (raw > threshold)).sum()),
+                               0.0], dtype=torch.float64)  # fmt: skip
+        stats[3] = max(float(stats[3]), float(w.max()) if w.numel() else 0.0)
+    top = all_reduce(stats[3:].clone(), "max")
+    tot = all_reduce(stats[:3].clone())
+    tokens = float(tot[1]) or 1.0
+    return {"rollout_is/weight_mean": float(tot[0]) / tokens, "rollout_is/weight_max": float(top[0]),
+            "rollout_is/capped_fraction": float(tot[2]) / tokens}

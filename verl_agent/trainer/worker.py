@@ -1,10 +1,12 @@
 """`TrainWorker`: one Ray actor per rank, holding the FSDP2 actor (+ ref, + critic), an engine replica and its data.
 
-Data stays where it was made: `rollout` keeps this rank's trajectories and answers
-with per-trajectory summaries (scalars); `compute_log_probs`, `compute_advantages`
-and `update` work on those trajectories in place and answer with metrics. GRPO groups
-are whole on one rank (the controller shards prompts, the n samples of a prompt run
-here), so group advantages are local; batch-wide statistics come from all-reduces.
+Data stays where it was made: `feed` starts this rank's rollouts on its engine (a
+`RolloutStream` on the worker's event-loop thread, so rollouts keep running while the
+actor trains), `take` keeps the finished groups of a step and answers with
+per-trajectory summaries (scalars); `compute_log_probs`, `compute_advantages` and
+`update` work on them in place and answer with metrics. GRPO groups are whole on one
+rank (the controller shards prompts, the n samples of a prompt run here), so group
+advantages are local; batch-wide statistics come from all-reduces.
 
 Hybrid engine: the engine is a separate plain copy of the policy on the same device
 (an HFEngine in this process, or this rank's own SGLang server). After every update
@@ -12,7 +14,7 @@ Hybrid engine: the engine is a separate plain copy of the policy on the same dev
 engine in memory. With rollout.free_cache_engine the engine sleeps (drops caches; on GPU
 its weights leave the device) while the actor trains.
 
-Every method except `node_address` and `rollout` is collective: call it on all ranks.
+Every method except `node_address`, `feed`, `take` and `validate` is collective: call it on all ranks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +37,16 @@ import torch.distributed as dist
 from verl_agent.protocol import Sample, Trajectory
 from verl_agent.rollout.engine import SamplingParams
 from verl_agent.rollout.metrics import TrajectorySummary
+from verl_agent.rollout.stream import RolloutStream
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.actor import (
     MicroBatching, _all_reduce, forward_log_probs, forward_values, micro_batches, update_actor, update_critic,
 )
 from verl_agent.trainer.batch import TrainSeq
 from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
-from verl_agent.trainer.prepare import GROUP_ESTIMATORS, assign_advantages, filter_groups, log_prob_metrics, train_seqs
+from verl_agent.trainer.prepare import (
+    GROUP_ESTIMATORS, apply_rollout_correction, assign_advantages, filter_groups, log_prob_metrics, train_seqs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +61,7 @@ class RolloutResult:
     reward_seconds: float = 0.0  # summed over concurrent trajectories (they overlap)
     tool_seconds: float = 0.0
     counts: dict[str, float] = field(default_factory=dict)  # what the failure rules left out (prepare.train_seqs)
+    taken: list[tuple[int, int]] = field(default_factory=list)  # (batch, position in this rank's shard) per group
 
 
 @dataclass
@@ -64,19 +71,28 @@ class AdvantageResult:
     sequences: int  # sequences of the whole batch that enter the update
 
 
-def old_log_probs_from_actor(actor_cfg, n_minibatches: int, kl_in_reward: bool) -> bool:
+def old_log_probs_from_actor(actor_cfg, n_minibatches: int, kl_in_reward: bool, mode: str = "sync") -> bool:
     """Does PPO's old log-prob need its own actor forward pass? (actor.old_log_prob_source)
 
     auto: only when the batch is not trained on-policy in one step (several epochs or
-    mini-batches), or when the in-reward KL needs it; otherwise the update uses its own
-    log-probs, detached (ratio 1: the same gradient, one forward pass fewer).
+    mini-batches, or rollouts from older weights in the async modes), or when the in-reward
+    KL needs it; otherwise the update uses its own log-probs, detached (ratio 1: the same
+    gradient, one forward pass fewer).
     """
     src = actor_cfg.old_log_prob_source
     if src == "actor":
         return True
     if src == "rollout":
         return False
-    return actor_cfg.ppo_epochs > 1 or n_minibatches > 1 or kl_in_reward
+    return actor_cfg.ppo_epochs > 1 or n_minibatches > 1 or kl_in_reward or mode != "sync"
+
+
+def rollout_is_level(cfg) -> str:
+    """algorithm.rollout_correction.rollout_is with auto resolved: token in the async modes, none in sync."""
+    level = cfg.algorithm.rollout_correction.rollout_is
+    if level == "auto":
+        return "none" if cfg.trainer.mode == "sync" else "token"
+    return level
 
 
 def _free_port() -> int:
@@ -111,9 +127,14 @@ class TrainWorker:
         self.cfg = RunConfig.model_validate(cfg)
         self.rank, self.world_size = rank, world_size
         logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
-        self._loop = asyncio.new_event_loop()  # one loop for the worker's life: the engine's batcher lives on it
+        # One event loop for the worker's life, on its own thread: the engine's batcher and the rollout
+        # stream live there, so rollouts go on while this (the actor's) thread trains.
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True).start()
         self.critic = self.ref = None
         self.trajs: list[Trajectory] = []  # this rank's trajectories of the current step
+        self.version = 0  # policy version of the engine's weights (the step whose update it holds)
+        self._reward_seconds = 0.0
         self.seqs: list[TrainSeq] = []  # ... those that may be trained on, as training sequences
 
     def node_address(self) -> tuple[str, int]:
@@ -194,46 +215,68 @@ class TrainWorker:
         self.engine, self.tokenizer, self.agent = parts.engine, parts.tokenizer, parts.agent
         self.reward_timer = self.agent.reward_fn = _TimedReward(parts.reward_fn) if parts.reward_fn else None
         if r.name == "sglang":
-            self._loop.run_until_complete(self.engine.start())
+            self._run(self.engine.start())
+
+        async def make_stream() -> RolloutStream:
+            return RolloutStream(self.agent)
+
+        self.stream = self._run(make_stream())
+
+    def _run(self, coro: Any) -> Any:
+        """Run a coroutine on the worker's event loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     # -- rollout -------------------------------------------------------------------------------
 
-    def rollout(self, samples: list[Sample], n: int, sampling: SamplingParams, step: int,
-                validate: bool = False) -> RolloutResult:  # fmt: skip
-        """Multi-turn rollouts of this rank's prompts (n per prompt) on its engine replica.
+    def feed(self, samples: list[Sample], n: int, sampling: SamplingParams, batch: int) -> None:
+        """Start rollouts of this rank's prompts of batch `batch` (n per prompt); returns at once.
 
-        Training rollouts are kept for the following calls; with trainer.log_trajectories every
-        trajectory is appended to <run dir>/trajectories/{step_N,val_step_N}.jsonl. A seed is
-        offset by the rank so ranks never sample alike.
+        A seed is offset by the rank so ranks never sample alike.
         """
         from dataclasses import replace
 
+        if sampling.seed is not None:
+            sampling = replace(sampling, seed=sampling.seed + self.rank * 1_000_003)
+        self._loop.call_soon_threadsafe(self.stream.feed, samples, n, sampling, batch)
+
+    def take(self, k: int, step: int, min_version: int) -> RolloutResult:
+        """Wait for k finished groups at most `current version - min_version` versions old and keep them
+        for this step's training; answers with their summaries. Stale groups are rolled out again."""
+        groups, dropped = self._run(self.stream.take(k, min_version))
+        trajs = [t for g in groups for t in g.trajectories]
+        self.trajs = trajs
+        self.seqs, counts = train_seqs(trajs, self.cfg.algorithm.adv_estimator in GROUP_ESTIMATORS)
+        counts["train/stale_groups_dropped"] = float(dropped)
+        self._log(trajs, f"step_{step}.jsonl", step)
+        reward_total = self.reward_timer.seconds if self.reward_timer else 0.0
+        reward_s, self._reward_seconds = reward_total - self._reward_seconds, reward_total
+        return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs], reward_seconds=reward_s,
+                             tool_seconds=sum(turn.tool_seconds for t in trajs for turn in t.turns), counts=counts,
+                             taken=[(g.batch, g.position) for g in groups])
+
+    def validate(self, samples: list[Sample], n: int, sampling: SamplingParams, step: int) -> RolloutResult:
+        """Held-out rollouts (in chunks of data.val_batch_size over all ranks); nothing is kept for training."""
+        from dataclasses import replace
+
         from verl_agent.rollout.build import rollout_in_chunks
-        from verl_agent.rollout.records import write_records
 
         if sampling.seed is not None:
             sampling = replace(sampling, seed=sampling.seed + self.rank * 1_000_003)
-        if not validate:
-            self.trajs, self.seqs = [], []
         if not samples:
             return RolloutResult()
-        reward0 = self.reward_timer.seconds if self.reward_timer else 0.0
-        chunk = -(-self.cfg.data.val_batch_size // self.world_size) if validate and self.cfg.data.val_batch_size else None
-        trajs = self._loop.run_until_complete(rollout_in_chunks(self.agent, samples, n, sampling, chunk))
-        counts = {}
-        if not validate:
-            self.trajs = trajs
-            self.seqs, counts = train_seqs(trajs, self.cfg.algorithm.adv_estimator in GROUP_ESTIMATORS)
-        if self.cfg.trainer.log_trajectories:
-            from verl_agent.protocol import RolloutBatch
+        vbs = self.cfg.data.val_batch_size
+        chunk = -(-vbs // self.world_size) if vbs else None
+        trajs = self._run(rollout_in_chunks(self.agent, samples, n, sampling, chunk))
+        self._log(trajs, f"val_step_{step}.jsonl", step)
+        return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs])
 
-            name = f"{'val_' if validate else ''}step_{step}.jsonl"
+    def _log(self, trajs: list[Trajectory], name: str, step: int) -> None:
+        """trainer.log_trajectories: append to <run dir>/trajectories/<name> (ranks append whole blocks)."""
+        if self.cfg.trainer.log_trajectories and trajs:
+            from verl_agent.protocol import RolloutBatch
+            from verl_agent.rollout.records import write_records
+
             write_records(self.cfg.run_dir / "trajectories" / name, RolloutBatch(trajs), self.tokenizer, step=step)
-        return RolloutResult(
-            summaries=[TrajectorySummary.of(t) for t in trajs],
-            reward_seconds=(self.reward_timer.seconds - reward0) if self.reward_timer else 0.0,
-            tool_seconds=sum(turn.tool_seconds for t in trajs for turn in t.turns), counts=counts,
-        )  # fmt: skip
 
     def set_sequences(self, seqs: list[TrainSeq]) -> None:
         """Train on these sequences instead of rolled-out ones (offline data; tests)."""
@@ -247,10 +290,11 @@ class TrainWorker:
         log-probs and values (critic) where configured. Returns batch-wide metrics (the same on every rank)."""
         cfg = self.cfg
         arr = cfg.actor_rollout_ref
-        if arr.rollout.free_cache_engine:
-            self._loop.run_until_complete(self.engine.sleep())
+        if arr.rollout.free_cache_engine and cfg.trainer.mode == "sync":  # async modes keep generating
+            self._run(self.engine.sleep())
         temp = self.agent_temperature
-        from_actor = old_log_probs_from_actor(arr.actor, n_minibatches, cfg.algorithm.use_kl_in_reward)
+        from_actor = old_log_probs_from_actor(arr.actor, n_minibatches, cfg.algorithm.use_kl_in_reward,
+                                              cfg.trainer.mode) or rollout_is_level(cfg) != "none"
         if from_actor:
             self.actor.eval()
             for micro in micro_batches(self.seqs, self.mb_log_prob):
@@ -280,6 +324,10 @@ class TrainWorker:
         """algorithm.adv_estimator on this rank's sequences (+ DAPO group filtering); batch-wide metrics."""
         algo = self.cfg.algorithm
         metrics, kl = assign_advantages(self.seqs, algo, kl_coef, _reduce)
+        level = rollout_is_level(self.cfg)
+        if level != "none":
+            metrics.update(apply_rollout_correction(self.seqs, level, algo.rollout_correction.rollout_is_threshold,
+                                                    _reduce))
         if algo.filter_groups.enable:
             self.seqs, metrics["train/kept_group_fraction"] = filter_groups(self.seqs, algo.filter_groups.metric,
                                                                             _reduce)
@@ -305,24 +353,33 @@ class TrainWorker:
         self.seqs = []
         return metrics
 
-    def sync_weights(self, bucket_mb: int = 64) -> float:
-        """Gather full parameters bucket by bucket and push them into the engine; returns seconds."""
+    def sync_weights(self, version: int, bucket_mb: int = 64) -> float:
+        """Gather full parameters bucket by bucket and push them into the engine as policy `version`; seconds.
+
+        Rollouts in flight pause at a turn boundary first (or, for one_step_off and partial_rollout=false,
+        finish under the old weights), so no forward pass ever sees half-updated weights.
+        """
+        t = self.cfg.trainer
         t0 = time.perf_counter()
-        self._loop.run_until_complete(self.engine.wake_up())
-        for bucket in iter_full_param_buckets(self.actor, bucket_mb << 20):
-            self._loop.run_until_complete(self.engine.update_weights(bucket))
-        self.agent.policy_version += 1
+        self._run(self.stream.pause(drain=t.mode == "one_step_off" or not t.partial_rollout))
+        try:
+            self._run(self.engine.wake_up())
+            for bucket in iter_full_param_buckets(self.actor, bucket_mb << 20):
+                self._run(self.engine.update_weights(bucket))
+            self.version = self.agent.policy_version = version
+        finally:
+            self._loop.call_soon_threadsafe(self.stream.resume)
         return time.perf_counter() - t0
 
     def check_sync(self, prompts: list[list[int]], max_new_tokens: int = 16) -> float:
         """Max |engine log-prob - actor log-prob| on tokens the engine samples now (temperature 1)."""
         sp = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=1234)
-        self._loop.run_until_complete(self.engine.wake_up())
+        self._run(self.engine.wake_up())
 
         async def generate_all() -> list:
             return await asyncio.gather(*(self.engine.generate(p, sp) for p in prompts))
 
-        outs = self._loop.run_until_complete(generate_all())
+        outs = self._run(generate_all())
         seqs = [TrainSeq(input_ids=p + o.token_ids, prompt_len=len(p), loss_mask=torch.ones(len(o.token_ids)))
                 for p, o in zip(prompts, outs) if o.token_ids]
         self.actor.eval()
@@ -353,7 +410,7 @@ class TrainWorker:
         if self.critic is not None:
             ckpt.load_shards(path, "critic", self.critic, self.critic_optim)
             self.critic_sched.load_state_dict(extra["critic_sched"])
-        self.sync_weights()
+        self.sync_weights(version=int(path.name.rsplit("_", 1)[1]) if path.name.startswith("global_step_") else 0)
 
     def export_hf(self, path: str) -> str | None:
         """Full policy in Hugging Face format (+ tokenizer), streamed; rank 0 writes and returns the path."""
@@ -361,6 +418,8 @@ class TrainWorker:
         return ckpt.export_hf(self.actor, self.model_path, str(tok_path), path, self.rank)
 
     def shutdown(self) -> None:
-        self._loop.run_until_complete(self.engine.close())
+        self._run(self.stream.cancel())
+        self._run(self.engine.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,170 @@
+"""HFEngine's continuous scheduler on CPU: joining mid-batch, per-session KV reuse, limits and memory budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from verl_agent.rollout.engine import SamplingParams
+from verl_agent.rollout.hf_engine import HFEngine, KVCacheOverflowError
+from verl_agent.rollout.kv_pool import kv_bytes_per_token
+from verl_agent.rollout.slots import SlotTable
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11]
+TOOL = [40, 41, 42, 43, 44]  # "tool output" appended between turns
+
+
+def engine(model, **kw) -> HFEngine:
+    return HFEngine(model, stop_on_eos=False, max_model_len=kw.pop("max_model_len", 128), **kw)
+
+
+async def wait_for(cond, timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+async def test_a_request_joining_mid_batch_gets_what_it_gets_alone(small_model, temperature):
+    sp = SamplingParams(temperature=temperature, max_new_tokens=12, seed=7)
+    alone = await (e0 := engine(small_model)).generate(PROMPT, sp)
+    await e0.close()
+    e = engine(small_model)
+    long = asyncio.ensure_future(e.generate([3, 4], SamplingParams(temperature=1.0, max_new_tokens=100, seed=1)))
+    await wait_for(lambda: e.metrics()["engine/decode_steps"] >= 5)
+    joined = await e.generate(PROMPT, sp)
+    assert not long.done()  # it really joined a running batch
+    assert joined.token_ids == alone.token_ids
+    assert joined.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    assert len((await long).token_ids) == 100
+    await e.close()
+
+
+async def turns(e: HFEngine, sp: SamplingParams, session: str | None, n: int = 3):
+    """n turns of one trajectory; each prompt = previous prompt + response + tool tokens."""
+    prompt, outs = list(PROMPT), []
+    for _ in range(n):
+        out = await e.generate(prompt, sp, session=session)
+        outs.append(out)
+        prompt = prompt + out.token_ids + TOOL
+    return outs
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+async def test_kv_reuse_equals_a_full_prefill(small_model, temperature):
+    sp = SamplingParams(temperature=temperature, max_new_tokens=9, seed=11)
+    full, reuse = engine(small_model), engine(small_model)
+    ref = await turns(full, sp, session=None)
+    got = await turns(reuse, sp, session="traj-0")
+    for a, b in zip(ref, got):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-5, rtol=0)
+    m_full, m = full.metrics(), reuse.metrics()
+    # turn 2 reuses prompt + response minus the last sampled token; turn 3 likewise
+    saved = (len(PROMPT) + 9 - 1) + (len(PROMPT) + 9 + len(TOOL) + 9 - 1)
+    assert m["engine/prefill_tokens_saved"] == saved and m["engine/sessions_reused"] == 2
+    assert m["engine/prefill_tokens"] == m_full["engine/prefill_tokens"] - saved
+    assert m_full["engine/prefill_tokens_saved"] == 0
+    await reuse.release_session("traj-0")
+    await wait_for(lambda: reuse.metrics()["engine/sessions_idle"] == 0)
+    await full.close()
+    await reuse.close()
+
+
+async def test_a_session_that_does_not_extend_its_history_is_re_prefilled(small_model):
+    sp = SamplingParams(temperature=0.0, max_new_tokens=6)
+    e, fresh = engine(small_model), engine(small_model)
+    first = await e.generate(PROMPT, sp, session="s")
+    edited = PROMPT + first.token_ids[:-2] + [60] + TOOL  # history rewritten (e.g. a truncated reply)
+    got = await e.generate(edited, sp, session="s")
+    assert got.token_ids == (await fresh.generate(edited, sp)).token_ids
+    m = e.metrics()
+    assert m["engine/sessions_reset"] == 1 and m["engine/prefill_tokens_saved"] == 0
+    assert m["engine/prefill_tokens"] == len(PROMPT) + len(edited)
+    # the session now holds the new history, and a turn extending it is reused again
+    await e.generate(edited + got.token_ids + TOOL, sp, session="s")
+    assert e.metrics()["engine/prefill_tokens_saved"] == len(edited) + 6 - 1
+    await e.close()
+    await fresh.close()
+
+
+async def test_memory_budget_overflow_fails_one_request_and_no_other(small_model):
+    bpt = kv_bytes_per_token(small_model.config, torch.float32)
+    e = HFEngine(small_model, stop_on_eos=False, max_num_seqs=4, max_model_len=32, kv_cache_bytes=4 * 33 * bpt)
+    assert (e.metrics()["engine/kv_slots"], e.metrics()["engine/kv_tokens_per_slot"]) == (4, 32)
+    fewer = HFEngine(small_model, max_num_seqs=4, max_model_len=64, kv_cache_bytes=4 * 33 * bpt)
+    assert (fewer.metrics()["engine/kv_slots"], fewer.metrics()["engine/kv_tokens_per_slot"]) == (2, 64)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=8)
+    reqs = [PROMPT, list(range(2, 42)), [9, 10, 11], list(range(3, 31))]  # the 40-token prompt cannot fit
+    outs = await asyncio.gather(*(e.generate(p, sp) for p in reqs), return_exceptions=True)
+    assert isinstance(outs[1], KVCacheOverflowError)
+    assert "40 tokens" in str(outs[1]) and "32 tokens" in str(outs[1]) and "gpu_memory_utilization" in str(outs[1])
+    assert [len(o.token_ids) for o in (outs[0], outs[2])] == [8, 8]
+    # 28 prompt tokens: the slot holds 4 more positions, so it stops early with "length"
+    assert len(outs[3].token_ids) == 32 - 28 + 1 and outs[3].finish_reason == "length"
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        HFEngine(small_model, kv_cache_bytes=bpt)
+    await e.close()
+
+
+async def test_idle_sessions_are_evicted_least_recently_used(small_model):
+    sp = SamplingParams(temperature=0.0, max_new_tokens=4)
+    e = engine(small_model, max_num_seqs=2)
+    a = await e.generate(PROMPT, sp, session="a")
+    await e.generate([20, 21, 22], sp, session="b")
+    await e.generate([30, 31], sp, session="b-other")  # no free slot: evicts "a", the least recently used
+    assert e.metrics()["engine/sessions_evicted"] == 1
+    saved = e.metrics()["engine/prefill_tokens_saved"]
+    again = await e.generate(PROMPT + a.token_ids + TOOL, sp, session="a")  # re-prefilled, same answer
+    assert e.metrics()["engine/prefill_tokens_saved"] == saved
+    ref = await engine(small_model).generate(PROMPT + a.token_ids + TOOL, sp)
+    assert again.token_ids == ref.token_ids
+    await e.close()
+
+
+async def test_long_prompts_are_prefilled_in_chunks(small_model):
+    sp = SamplingParams(temperature=0.0, max_new_tokens=6)
+    prompt = [(7 * i) % 90 + 2 for i in range(30)]
+    whole, chunked = engine(small_model), engine(small_model, max_num_batched_tokens=8)
+    a, b = await whole.generate(prompt, sp), await chunked.generate(prompt, sp)
+    assert a.token_ids == b.token_ids
+    assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+    assert chunked.metrics()["engine/prefill_chunks"] == 4  # 8 + 8 + 8 + 6
+    await whole.close()
+    await chunked.close()
+
+
+async def test_weight_update_drops_cached_sessions(small_model):
+    sp = SamplingParams(temperature=0.0, max_new_tokens=4)
+    e = engine(small_model)
+    out = await e.generate(PROMPT, sp, session="s")
+    await e.update_weights((k, v.clone()) for k, v in small_model.state_dict().items())
+    await e.generate(PROMPT + out.token_ids, sp, session="s")
+    assert e.metrics()["engine/prefill_tokens_saved"] == 0  # K/V of the old policy are not reused
+    await e.close()
+
+
+async def test_cancelled_request_frees_its_slot(small_model):
+    e = engine(small_model, max_num_seqs=1)
+    t = asyncio.ensure_future(e.generate(PROMPT, SamplingParams(max_new_tokens=100)))
+    await wait_for(lambda: e.metrics()["engine/decode_steps"] >= 2)
+    t.cancel()
+    out = await e.generate([3, 4], SamplingParams(temperature=0.0, max_new_tokens=3))  # needs the only slot
+    assert len(out.token_ids) == 3
+    await e.close()
+
+
+def test_slot_table_lru_and_release():
+    t = SlotTable(2)
+    s0, s1 = t.take_free(), t.take_free()
+    assert (s0, s1) == (0, 1) and t.take_free() is None
+    t.park("a", s0, [1, 2], 1)
+    t.park("b", s1, [3], 0)
+    assert t.claim_session("a").slot == 0 and "a" in t.busy_sessions
+    t.park("a", 0, [1, 2, 3], 2)  # "a" is now the most recently used
+    assert t.take_free() == 1 and t.evicted == 1  # evicts "b"
+    assert t.release("a") and not t.release("a") and t.take_free() == 0

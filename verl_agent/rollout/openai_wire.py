@@ -1,0 +1,210 @@
+"""OpenAI Chat Completions wire format: request validation and response / SSE chunk bodies.
+
+Pure functions on dicts, no HTTP: `parse_request` turns a JSON body into a `ChatRequest` or
+raises `RequestError` (status, OpenAI error body); `completion_body` and `stream_chunks`
+render a `Reply`. Field names and shapes follow the public API reference
+(https://platform.openai.com/docs/api-reference/chat): arguments of tool calls are JSON
+strings, `content` is null when the message only calls tools, streams end with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_agent.protocol import ROLES, Message
+from verl_agent.rollout.recorder import Reply
+
+__all__ = ["ChatRequest", "RequestError", "completion_body", "error_body", "parse_request", "stream_chunks"]
+
+_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "presence_penalty",
+            "frequency_penalty", "logit_bias", "seed", "response_format", "reasoning_effort", "modalities"}  # fmt: skip
+_KNOWN = _IGNORED | {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
+                     "max_completion_tokens", "stop", "n", "logprobs", "top_logprobs", "stream", "stream_options"}
+
+
+class RequestError(Exception):
+    """A request the endpoint refuses: HTTP `status` with an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error") -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.param, self.code, self.type = status, param, code, type
+
+
+def error_body(e: RequestError) -> dict[str, Any]:
+    return {"error": {"message": str(e), "type": e.type, "param": e.param, "code": e.code}}
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[Message]
+    tools: list[dict] | None = None
+    tool_choice: str | None = None  # None/"auto"/"required": parse calls; "none": never; else the one allowed name
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logprobs: bool = False
+    stream: bool = False
+    include_usage: bool = False
+    sampling: dict[str, float] = field(default_factory=dict)  # temperature / top_p the agent asked for
+
+
+def _bad(msg: str, param: str | None = None, code: str | None = None) -> RequestError:
+    return RequestError(400, msg, param, code)
+
+
+def _content(v: Any, where: str) -> str:
+    if v is None or isinstance(v, str):
+        return v or ""
+    if isinstance(v, list):  # content parts: only text can be encoded
+        if all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in v):
+            return "".join(p["text"] for p in v)
+        raise _bad(f"{where}: only text content parts are supported", where)
+    raise _bad(f"{where}: must be a string or a list of text parts, got {type(v).__name__}", where)
+
+
+def _messages(raw: Any) -> list[Message]:
+    if not isinstance(raw, list) or not raw:
+        raise _bad("'messages' must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(f"{where}: expected an object", where)
+        role = "system" if m.get("role") == "developer" else m.get("role")
+        if role not in ROLES:
+            raise _bad(f"{where}.role: must be one of {list(ROLES)} (or 'developer'), got {m.get('role')!r}",
+                       f"{where}.role", "invalid_role")  # fmt: skip
+        d = {**m, "role": role, "content": _content(m.get("content"), f"{where}.content")}
+        try:
+            out.append(Message.from_chat(d, where))
+        except (ValueError, AttributeError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+            raise _bad(f"{where}: {e}", where) from e
+    return out
+
+
+def _tools(raw: Any) -> list[dict] | None:
+    if raw is None or raw == []:
+        return None
+    if not isinstance(raw, list):
+        raise _bad("'tools' must be an array of function tools", "tools")
+    from jsonschema import SchemaError, validators
+
+    for i, t in enumerate(raw):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise _bad(f"tools[{i}]: expected {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}",
+                       f"tools[{i}]", "invalid_tool")  # fmt: skip
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        try:
+            if not isinstance(params, dict):
+                raise SchemaError(f"{params!r} is not an object")
+            validators.validator_for(params).check_schema(params)
+        except SchemaError as e:
+            raise _bad(f"tools[{i}].function.parameters is not a valid JSON Schema: {e.message}",
+                       f"tools[{i}].function.parameters", "invalid_tool_schema") from e  # fmt: skip
+    return raw
+
+
+def _tool_choice(v: Any, tools: list[dict] | None) -> str | None:
+    if v is None or v in ("auto", "required", "none"):
+        return v
+    name = v.get("function", {}).get("name") if isinstance(v, dict) and v.get("type") == "function" else None
+    if not isinstance(name, str):
+        raise _bad("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name'}}",
+                   "tool_choice")  # fmt: skip
+    if name not in {t["function"]["name"] for t in tools or []}:
+        raise _bad(f"tool_choice names {name!r}, which is not in 'tools'", "tool_choice")
+    return name
+
+
+def _number(body: dict, key: str, lo: float, hi: float) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise _bad(f"'{key}' must be a number in [{lo}, {hi}], got {v!r}", key)
+    return float(v)
+
+
+def parse_request(body: Any, models: tuple[str, ...]) -> ChatRequest:
+    """Validate a chat completion request body; raises RequestError with the offending param."""
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    unknown = sorted(set(body) - _KNOWN)
+    if unknown:
+        raise _bad(f"unrecognized request argument(s): {unknown}", unknown[0], "unknown_parameter")
+    if body.get("model") not in models:
+        raise RequestError(404, f"The model {body.get('model')!r} does not exist; this endpoint serves {list(models)}",
+                           "model", "model_not_found")  # fmt: skip
+    if body.get("n", 1) != 1:
+        raise _bad("only n=1 is supported", "n")
+    if body.get("top_logprobs"):
+        raise _bad("top_logprobs is not supported (the engine returns the sampled token's log-prob only)",
+                   "top_logprobs")  # fmt: skip
+    tools = _tools(body.get("tools"))
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
+        raise _bad("'stop' must be a string or an array of up to 4 strings", "stop")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise _bad(f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
+    sampling = {k: v for k in ("temperature", "top_p")
+                if (v := _number(body, k, 0.0 if k == "temperature" else 1e-9, 2.0 if k == "temperature" else 1.0))
+                is not None}  # fmt: skip
+    opts = body.get("stream_options") or {}
+    return ChatRequest(
+        model=body["model"], messages=_messages(body.get("messages")), tools=tools,
+        tool_choice=_tool_choice(body.get("tool_choice"), tools), max_tokens=max_tokens, stop=stop,
+        logprobs=bool(body.get("logprobs")), stream=bool(body.get("stream")),
+        include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")), sampling=sampling,
+    )  # fmt: skip
+
+
+def _calls(reply: Reply, stream: bool) -> list[dict]:
+    return [{**({"index": i} if stream else {}), "id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+            for i, c in enumerate(reply.message.tool_calls)]  # fmt: skip
+
+
+def _logprobs(reply: Reply, tokenizer: Any) -> dict:
+    toks = tokenizer.convert_ids_to_tokens(reply.token_ids)
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                        for t, lp in zip(toks, reply.logprobs)]}  # fmt: skip
+
+
+def _usage(reply: Reply) -> dict:
+    n = len(reply.token_ids)
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": n, "total_tokens": reply.prompt_tokens + n}
+
+
+def completion_body(reply: Reply, req: ChatRequest, cid: str, tokenizer: Any) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": reply.message.content or None, "refusal": None}
+    if reply.message.tool_calls:
+        msg["tool_calls"] = _calls(reply, stream=False)
+    choice = {"index": 0, "message": msg, "finish_reason": reply.finish_reason,
+              "logprobs": _logprobs(reply, tokenizer) if req.logprobs else None}  # fmt: skip
+    return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": req.model,
+            "choices": [choice], "usage": _usage(reply)}  # fmt: skip
+
+
+def stream_chunks(reply: Reply, req: ChatRequest, cid: str, tokenizer: Any) -> list[bytes]:
+    """The whole reply as SSE events: role + content, tool calls, the finish chunk, usage, [DONE]."""
+    head = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": req.model}
+
+    def event(delta: dict, finish: str | None = None, logprobs: Any = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n"
+
+    first: dict[str, Any] = {"role": "assistant", "content": reply.message.content or ""}
+    events = [event(first, logprobs=_logprobs(reply, tokenizer) if req.logprobs else None)]
+    if reply.message.tool_calls:
+        events.append(event({"tool_calls": _calls(reply, stream=True)}))
+    events.append(event({}, reply.finish_reason))
+    if req.include_usage:
+        events.append(b"data: " + json.dumps({**head, "choices": [], "usage": _usage(reply)}).encode() + b"\n\n")
+    return [*events, b"data: [DONE]\n\n"]

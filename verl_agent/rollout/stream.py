@@ -1,0 +1,188 @@
+"""A continuous rollout stream: samples go in, finished GRPO groups come out, weights change between turns.
+
+    stream = RolloutStream(agent)                  # agent.engine is wrapped in a PausableEngine
+    stream.feed(samples, n, sampling, batch=7)     # starts one task per sample (its n trajectories)
+    groups, stale = await stream.take(k, min_version=v)
+    await stream.pause(drain=False)                # no generate call in flight from here on
+    ... update the engine's weights, agent.policy_version += 1 ...
+    stream.resume()
+
+Groups are handed out in the order they finish (the trainer takes batches as they fill), then
+sorted by (batch, position) so that a window of one batch gives exactly what a synchronous
+rollout of that batch gives. A group whose oldest token is older than `min_version` is dropped
+(counted) and its sample is fed again from scratch, so nothing is lost.
+
+Weight updates never race a forward pass: `pause()` closes the engine's gate (new generate calls
+wait) and waits for the calls in flight to return; trajectories then continue under the new
+weights at their next turn (partial rollout; each turn records its version). `pause(drain=True)`
+instead lets every started trajectory finish under the old weights first and holds new ones back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from verl_agent.protocol import Sample, Trajectory
+from verl_agent.rollout.engine import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Group", "PausableEngine", "RolloutStream"]
+
+
+class PausableEngine:
+    """Wraps an Engine: generate calls pass a gate, and `pause()` returns once none is in flight."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._inflight = 0
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, **kwargs: Any) -> Any:
+        while not self._open.is_set():
+            await self._open.wait()
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            return await self.engine.generate(prompt_ids, sampling, **kwargs)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    async def pause(self) -> None:
+        self._open.clear()
+        await self._idle.wait()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    def __getattr__(self, name: str) -> Any:  # update_weights, sleep, wake_up, close, metrics, release_session...
+        return getattr(self.engine, name)
+
+
+@dataclass
+class Group:
+    """The n trajectories of one sample."""
+
+    batch: int
+    position: int
+    sample: Sample
+    trajectories: list[Trajectory]
+    sampling: SamplingParams
+
+    @property
+    def oldest_version(self) -> int:
+        return min(t.oldest_version for t in self.trajectories)
+
+
+@dataclass
+class _Fed:
+    batch: int
+    position: int
+    sample: Sample
+    n: int
+    sampling: SamplingParams
+
+
+class RolloutStream:
+    """See the module docstring. All methods run on the event loop that owns the agent's engine."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        if not isinstance(agent.engine, PausableEngine):
+            agent.engine = PausableEngine(agent.engine)
+        self.engine: PausableEngine = agent.engine
+        self.ready: list[Group] = []
+        self.running: dict[asyncio.Task, _Fed] = {}
+        self.held: list[_Fed] = []  # fed while draining: started on resume()
+        self._draining = False
+        self._changed = asyncio.Event()
+        self.dropped_stale = 0
+
+    def feed(self, samples: list[Sample], n: int, sampling: SamplingParams, batch: int) -> None:
+        """Start n trajectories per sample; sample i's seeds are sampling.seed + i*n + k, as in AgentLoop.run."""
+        for i, sample in enumerate(samples):
+            sp = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i * n)
+            self._start(_Fed(batch, i, sample, n, sp))
+
+    def _start(self, fed: _Fed) -> None:
+        if self._draining:
+            self.held.append(fed)
+            return
+        task = asyncio.get_running_loop().create_task(self.agent.run([fed.sample], fed.n, fed.sampling))
+        self.running[task] = fed
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        fed = self.running.pop(task)
+        if task.cancelled():
+            return
+        if task.exception() is not None:  # AgentLoop.run never raises for a trajectory; this is a bug
+            logger.error("rollout of %s raised: %r", fed.sample.uid, task.exception())
+            trajs = [Trajectory(uid=fed.sample.uid, prompt_ids=[], response_ids=[], loss_mask=[], rollout_logprobs=[],
+                                stop_reason="error", outcome="infra_failure", cause="agent_loop_error",
+                                error=repr(task.exception())) for _ in range(fed.n)]  # fmt: skip
+        else:
+            trajs = task.result().trajectories
+        self.ready.append(Group(fed.batch, fed.position, fed.sample, trajs, fed.sampling))
+        self._changed.set()
+
+    @property
+    def pending(self) -> int:
+        """Groups fed but not yet taken."""
+        return len(self.ready) + len(self.running) + len(self.held)
+
+    async def take(self, k: int, min_version: int) -> tuple[list[Group], int]:
+        """The first k groups to finish whose oldest token is at least `min_version` (fewer if fewer are pending).
+
+        Stale groups are dropped, counted and fed again. Returns (groups sorted by (batch, position), dropped).
+        """
+        out: list[Group] = []
+        dropped = 0
+        while len(out) < k and (self.ready or self.running or self.held):
+            if not self.ready:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            group = self.ready.pop(0)
+            if group.oldest_version < min_version:
+                dropped += 1
+                self.dropped_stale += 1
+                self._start(_Fed(group.batch, group.position, group.sample, len(group.trajectories), group.sampling))
+                continue
+            out.append(group)
+        out.sort(key=lambda g: (g.batch, g.position))
+        return out, dropped
+
+    async def pause(self, drain: bool = False) -> None:
+        """Stop generation at a turn boundary (or, with drain, after every started trajectory)."""
+        if drain:
+            self._draining = True
+            while self.running:
+                self._changed.clear()
+                await self._changed.wait()
+        await self.engine.pause()
+
+    def resume(self) -> None:
+        self.engine.resume()
+        self._draining = False
+        held, self.held = self.held, []
+        for fed in held:
+            self._start(fed)
+
+    async def cancel(self) -> list[Sample]:
+        """Stop everything; return the samples fed but not taken (a checkpoint re-feeds them)."""
+        samples = [g.sample for g in self.ready] + [f.sample for f in self.running.values()] + [f.sample for f in self.held]
+        tasks = list(self.running)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.ready, self.held = [], []
+        return samples
