@@ -65,6 +65,18 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_view(args: argparse.Namespace) -> int:
     from verl_agent.rollout.records import print_records
 
+    if args.serve or args.html:
+        from verl_agent.viewer import RunError, serve, write_report
+
+        try:
+            if args.html:
+                print(f"verl-agent view: wrote {write_report(args.path, args.html)}")
+            if args.serve:
+                serve(args.path, host=args.host, port=args.port)
+        except RunError as e:
+            print(f"verl-agent view: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         print_records(args.path, limit=args.limit, only_failed=args.failed)
     except FileNotFoundError:
@@ -117,10 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=_cmd_config)
 
-    p = sub.add_parser("view", help="pretty-print trajectory JSONL records")
-    p.add_argument("path", help="a trajectories .jsonl file written by train/rollout")
+    p = sub.add_parser("view", help="print trajectory records, or browse a run in the browser (--serve/--html)")
+    p.add_argument("path", help="a trajectories .jsonl file written by train/rollout (or, with --serve/--html, a run dir)")
     p.add_argument("--limit", type=int, default=5, help="records to show")
     p.add_argument("--failed", action="store_true", help="only trajectories with reward <= 0")
+    p.add_argument("--serve", action="store_true", help="serve the run viewer (curves, trajectories, tokens)")
+    p.add_argument("--port", type=int, default=8265, help="port for --serve")
+    p.add_argument("--host", default="127.0.0.1", help="address for --serve (0.0.0.0 to share on the network)")
+    p.add_argument("--html", metavar="FILE", help="write the viewer as one self-contained HTML file")
     p.set_defaults(func=_cmd_view)
     return parser
 

@@ -39,6 +39,7 @@ class TrajectorySummary:
     prompt_length: int
     model_tokens: int
     seconds: float
+    oldest_version: int = 0
 
     @classmethod
     def of(cls, t: Trajectory) -> TrajectorySummary:
@@ -48,7 +49,7 @@ class TrajectorySummary:
                    num_tool_calls=float(m.get("num_tool_calls", 0.0)),
                    num_tool_errors=float(m.get("num_tool_errors", 0.0)), response_length=len(t.response_ids),
                    prompt_length=len(t.prompt_ids), model_tokens=t.num_model_tokens,
-                   seconds=float(m.get("seconds", 0.0)))  # fmt: skip
+                   seconds=float(m.get("seconds", 0.0)), oldest_version=t.oldest_version)  # fmt: skip
 
 
 def _stats(prefix: str, values: list[float]) -> dict[str, float]:

@@ -109,9 +109,10 @@ class SessionRecorder:
         if len(ids) > limit:
             raise BudgetExceeded(f"the prompt has {len(ids)} tokens > {limit} (data.max_prompt_length"
                                  f"{' + data.max_response_length' if self.segments else ''})", "prompt_too_long")
+        history = list(messages)  # shared: the trajectory's messages are the segment's history
         traj = Trajectory(uid=self.uid, prompt_ids=ids, response_ids=[], loss_mask=[], rollout_logprobs=[],
-                          messages=list(messages), policy_version=self.policy_version)  # fmt: skip
-        return Segment(traj, encoder, tools_key, list(messages), [message_key(m) for m in messages]), [], ids
+                          messages=history, policy_version=self.policy_version)  # fmt: skip
+        return Segment(traj, encoder, tools_key, history, [message_key(m) for m in messages]), [], ids
 
     def _extends(self, seg: Segment, messages: list[Message], tools_key: str) -> bool:
         n = len(seg.history)
@@ -137,7 +138,6 @@ class SessionRecorder:
             traj.turns[-1].obs_end = len(traj.response_ids)
             seg.history += new
             seg.keys += [message_key(m) for m in new]
-            traj.messages = seg.history
         ids, lps, finish = list(out.token_ids), [float(x) for x in out.logprobs], out.finish_reason
         ids, lps, finish, cut = self._apply_stop_strings(ids, lps, finish, stop)
         start = len(traj.response_ids)

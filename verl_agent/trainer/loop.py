@@ -102,6 +102,9 @@ def train(cfg: RunConfig) -> TrainResult:
                     m["time/reward"] = max(o.reward_seconds for o in outs)
                     m["time/tools"] = max(o.tool_seconds for o in outs)
                     m.update(summarize(summaries))
+                    lags = [step - 1 - s.oldest_version for s in summaries]  # the engine holds version step-1
+                    m["rollout/policy_lag/mean"] = sum(lags) / max(1, len(lags))
+                    m["rollout/policy_lag/max"] = float(max(lags, default=0))
                     m.update({k: sum(o.counts.get(k, 0.0) for o in outs) for k in set().union(*(o.counts for o in outs))})
                     _check_infra_failures(summaries, t.max_infra_failure_fraction)
                 with timer("log_probs", m):

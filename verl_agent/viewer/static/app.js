@@ -93,7 +93,9 @@ function rowEl(r) {
 async function loadRecords() {
   if (!state.file) { $("#list").replaceChildren(h("p", { class: "muted" }, "no trajectory files in this run yet")); return; }
   showError("#list-error", null);
+  const seq = (state.seq = (state.seq || 0) + 1);
   const res = await Api.records(filters());
+  if (seq !== state.seq) return; // a newer query (the user kept typing) owns the list
   fillSelect($("#f-cause"), res.facets.causes, "any cause");
   const st = $("#f-status"), cur = st.value, sc = res.facets.status;
   st.replaceChildren(h("option", { value: "" }, `all (${res.total})`),

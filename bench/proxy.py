@@ -1,0 +1,130 @@
+"""Overhead of the OpenAI-compatible recording endpoint. Prints a table and one JSON line.
+
+  python bench/proxy.py                        # 64 concurrent agents x 4 calls, httpx and openai clients
+  python bench/proxy.py --agents 256 --turns 8
+
+Each agent runs one calculator conversation of --turns model calls (tool call, tool result,
+..., final answer) against a scripted engine that answers instantly, so every millisecond is
+ours: HTTP (uvicorn + FastAPI), request validation, history matching, token-exact chat
+encoding and recording. Three runs of the same conversations:
+  native   the native AgentLoop-style work without HTTP: the recorder driven in-process
+  httpx    agents post raw JSON with httpx (the endpoint's cost as a server sees it)
+  openai   agents use the official `openai` SDK (adds the SDK's own client-side cost)
+"overhead per call" = (wall time of a run - wall time of the in-process run) / calls; the
+per-call wall time of a run is wall / calls with all agents in flight on one event loop
+(one core), so it is the throughput cost, not one request's latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*37"}}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]  # fmt: skip
+
+
+def _setup(turns: int):
+    from transformers import AutoTokenizer
+
+    from verl_agent.models.tiny import build_tiny
+    from verl_agent.parsers import get_parser
+    from verl_agent.rollout.openai_server import OpenAIServer
+    from verl_agent.rollout.scripted import ScriptedEngine
+
+    tok = AutoTokenizer.from_pretrained(build_tiny())
+
+    engine = ScriptedEngine(tok, lambda ids, sp: CALL, eos_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    server = OpenAIServer(engine, tok, get_parser("hermes"), max_prompt_length=4096, max_response_length=8192)
+    return tok, engine, server
+
+
+async def _agent_httpx(client, messages, turns):
+    import httpx  # noqa: F401
+
+    for _ in range(turns):
+        r = await client.post("/chat/completions", json={"model": "policy", "messages": messages, "tools": TOOLS})
+        msg = r.json()["choices"][0]["message"]
+        messages = [*messages, msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "444"}]
+
+
+async def _agent_openai(client, messages, turns):
+    for _ in range(turns):
+        r = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        msg = r.choices[0].message
+        messages = [*messages, msg.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "444"}]  # fmt: skip
+
+
+async def _agent_inprocess(server, sid, messages, turns):
+    from verl_agent.rollout.openai_wire import completion_body
+
+    for _ in range(turns):
+        req, reply = await server.complete(sid, {"model": "policy", "messages": messages, "tools": TOOLS})
+        msg = json.loads(json.dumps(completion_body(reply, req, "x", server.tokenizer)))["choices"][0]["message"]
+        messages = [*messages, msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "444"}]
+
+
+async def _run(kind: str, agents: int, turns: int) -> tuple[float, int]:
+    import httpx
+
+    from verl_agent.rollout.engine import SamplingParams
+
+    _tok, engine, server = _setup(turns)
+    await server.start()
+    recs = [server.open_session(SamplingParams(), uid=str(i)) for i in range(agents)]
+    user = [{"role": "user", "content": "What is 12 * 37?"}]
+    clients = []
+    if kind == "httpx":
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        clients = [httpx.AsyncClient(base_url=server.base_url(r.sid), limits=limits) for r in recs]
+        jobs = [_agent_httpx(c, user, turns) for c in clients]
+    elif kind == "openai":
+        from openai import AsyncOpenAI
+
+        clients = [AsyncOpenAI(base_url=server.base_url(r.sid), api_key=r.sid, max_retries=0) for r in recs]
+        jobs = [_agent_openai(c, user, turns) for c in clients]
+    else:
+        jobs = [_agent_inprocess(server, r.sid, user, turns) for r in recs]
+    t0 = time.perf_counter()
+    await asyncio.gather(*jobs)
+    dt = time.perf_counter() - t0
+    for c in clients:
+        await (c.aclose() if kind == "httpx" else c.close())
+    calls = sum(r.counts["calls"] for r in recs)
+    assert calls == agents * turns and all(len(r.segments) == 1 for r in recs), "lost or split sessions"
+    await server.stop()
+    return dt, calls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=int, default=64)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--clients", default="inprocess,httpx,openai")
+    a = ap.parse_args()
+    asyncio.run(_run("httpx", 8, 2))  # warm-up (imports, template compilation)
+    res: dict[str, float] = {"agents": a.agents, "turns": a.turns}
+    base = None
+    print(f"{'client':<10} {'calls':>6} {'wall s':>8} {'ms/call':>8} {'overhead ms/call':>17}")
+    for kind in a.clients.split(","):
+        dt, calls = asyncio.run(_run(kind, a.agents, a.turns))
+        per = 1000 * dt / calls
+        base = per if kind == "inprocess" else base
+        over = per - base if base is not None and kind != "inprocess" else 0.0
+        print(f"{kind:<10} {calls:>6} {dt:>8.3f} {per:>8.3f} {over:>17.3f}")
+        res[f"{kind}_ms_per_call"] = round(per, 3)
+        if kind != "inprocess":
+            res[f"{kind}_http_overhead_ms_per_call"] = round(over, 3)
+    print(json.dumps({"bench": "proxy", **res}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""The OpenAI-compatible recording endpoint over the scripted engine: wire format, errors, sessions, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from rollout_helpers import assert_mask, assert_token_exact, call_text, sample, scripted_engine
+from transformers import AutoTokenizer
+
+from verl_agent.config import RolloutConfig
+from verl_agent.parsers import get_parser
+from verl_agent.reward import load_reward_fn
+from verl_agent.rollout.agent_function import AgentFunctionLoop
+from verl_agent.rollout.engine import SamplingParams
+from verl_agent.rollout.openai_server import OpenAIServer
+
+openai = pytest.importorskip("openai")
+
+AGENT = "examples/openai_agent/agent.py:run_agent"
+REWARD = "verl_agent.models.calculator_task.calculator_reward"
+CALL = call_text("calculator", '{"expression": "12*37"}')
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]  # fmt: skip
+USER = [{"role": "user", "content": "What is 12 * 37?"}]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_path):
+    return AutoTokenizer.from_pretrained(str(tiny_model_path))
+
+
+def _loop(engine, tok, entrypoint=AGENT, **agent):
+    cfg = RolloutConfig()
+    for k, v in agent.items():
+        setattr(cfg.agent, k, v)
+    return AgentFunctionLoop(engine, tok, cfg, entrypoint, reward_fn=load_reward_fn(REWARD),
+                             max_prompt_length=256, max_response_length=96)  # fmt: skip
+
+
+class _Server:
+    """A started endpoint with one session, for wire-level tests."""
+
+    def __init__(self, tok, replies, **kw):
+        self.engine = scripted_engine(tok, replies)
+        self.server = OpenAIServer(self.engine, tok, get_parser("hermes"), max_request_bytes=4096, **kw)
+
+    async def __aenter__(self):
+        await self.server.start()
+        self.rec = self.server.open_session(SamplingParams(seed=3), uid="u0")
+        self.url = self.server.base_url(self.rec.sid)
+        self.http = httpx.AsyncClient(base_url=self.url)
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.http.aclose()
+        await self.server.stop()
+
+    async def post(self, **body):
+        return await self.http.post("/chat/completions", json={"model": "policy", "messages": USER, **body})
+
+
+def _agent_tools():
+    import sys
+
+    from verl_agent.rollout.agent_function import load_entrypoint
+
+    return sys.modules[load_entrypoint(AGENT).__module__].TOOLS
+
+
+def _assert_token_exact(tok, traj, tools):
+    from verl_agent.chat import ChatEncoder
+
+    enc = ChatEncoder(tok, tools=tools)
+    full = enc.encode_text(enc.render(traj.messages, add_generation_prompt=False))
+    ids = traj.prompt_ids + traj.response_ids
+    assert full[: len(ids)] == ids and tok.decode(full[len(ids):]) in ("", "\n")
+
+
+async def test_example_agent_trajectory_is_token_exact(tok):
+    loop = _loop(scripted_engine(tok, [CALL, "The answer is 444."]), tok)
+    batch = await loop.run([sample(ground_truth="444")], 2, SamplingParams(seed=1))
+    assert len(batch) == 2
+    for t in batch.trajectories:
+        assert (t.outcome, t.reward, t.stop_reason, len(t.turns)) == ("ok", 1.0, "end_of_turn", 2)
+        assert t.messages[-2].role == "tool" and t.messages[-2].content == "444"
+        assert_mask(t, tok.convert_tokens_to_ids("<|im_end|>"))
+        _assert_token_exact(tok, t, _agent_tools())
+        assert t.metrics["proxy/calls"] == 2 and t.metrics["num_tool_calls"] == 1
+
+
+async def test_bad_requests_get_openai_errors_and_the_session_stays_usable(tok):
+    bad_schema = [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]
+    cases = [
+        ({"model": "gpt-4o"}, 404, "model_not_found", "model"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_role", "messages[0].role"),
+        ({"tools": bad_schema}, 400, "invalid_tool_schema", "tools[0].function.parameters"),
+        ({"tools": [{"type": "function", "function": {}}]}, 400, "invalid_tool", "tools[0]"),
+        ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "request_too_large", None),
+        ({"messages": [{"role": "user", "content": "12 " * 400}]}, 400, "context_length_exceeded", "messages"),
+        ({"n": 3}, 400, None, "n"),
+        ({"temperature": 7}, 400, None, "temperature"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": TOOLS}, 400, None, "tool_choice"),
+        ({"frobnicate": 1}, 400, "unknown_parameter", "frobnicate"),
+    ]
+    async with _Server(tok, ["The answer is 444."]) as s:
+        for body, status, code, param in cases:
+            r = await s.post(**body)
+            assert r.status_code == status, (body, r.text)
+            err = r.json()["error"]
+            assert err["code"] == code and err["param"] == param and err["message"], (body, err)
+            assert err["type"] in ("invalid_request_error",)
+        r = await s.http.post("/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        assert s.rec.segments == [] and s.engine.calls == 0  # nothing recorded, nothing generated
+        ok = await s.post()
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["choices"][0]["message"]["content"] == "The answer is 444."
+        assert s.rec.counts["bad_requests"] == len(cases) + 1 and s.rec.counts["calls"] == 1
+        assert len(s.rec.segments) == 1 and len(s.rec.segments[0].traj.turns) == 1
+        # the session key works as an API key on /v1; a wrong key is 401
+        plain = httpx.AsyncClient(base_url=f"http://127.0.0.1:{s.server.port}/v1")
+        r = await plain.post("/chat/completions", json={"model": "policy", "messages": USER},
+                             headers={"Authorization": "Bearer nope"})  # fmt: skip
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = await plain.get("/models")
+        assert [m["id"] for m in r.json()["data"]] == ["policy"]
+        await plain.aclose()
+
+
+async def test_openai_sdk_non_streaming_and_streaming_agree(tok):
+    async with _Server(tok, [CALL]) as s:
+        client = openai.AsyncOpenAI(base_url=s.url, api_key=s.rec.sid, max_retries=0)
+        full = await client.chat.completions.create(model="policy", messages=USER, tools=TOOLS, logprobs=True)
+        msg = full.choices[0].message
+        assert full.choices[0].finish_reason == "tool_calls" and msg.content is None
+        assert msg.tool_calls[0].function.name == "calculator"
+        assert json.loads(msg.tool_calls[0].function.arguments) == {"expression": "12*37"}
+        lps = [c.logprob for c in full.choices[0].logprobs.content]
+        assert lps == s.rec.segments[0].traj.rollout_logprobs and full.usage.completion_tokens == len(lps)
+
+        # a different conversation (no history shared): a new segment; streamed through the SDK
+        stream = await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "Again: 12 * 37?"}], tools=TOOLS, stream=True,
+            stream_options={"include_usage": True})  # fmt: skip
+        chunks = [c async for c in stream]
+        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [c.function.arguments for c in calls] == [msg.tool_calls[0].function.arguments]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        assert chunks[-1].usage.completion_tokens == len(lps)
+        assert len(s.rec.segments) == 2 and s.rec.counts["history_rewrites"] == 1
+        # raw SSE framing
+        r = await s.http.post("/chat/completions", json={"model": "policy", "messages": USER, "stream": True})
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [e for e in r.text.split("\n\n") if e]
+        assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+        first = json.loads(events[0][6:])
+        assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"]["role"] == "assistant"
+        await client.close()
+
+
+async def test_tool_choice(tok):
+    async with _Server(tok, [CALL]) as s:
+        async def ask(choice):
+            r = await s.post(tools=TOOLS, tool_choice=choice)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]
+
+        none = await ask("none")  # tools are shown but calls are not parsed
+        assert none["finish_reason"] == "stop" and "<tool_call>" in none["message"]["content"]
+        assert "tool_calls" not in none["message"]
+        named = await ask({"type": "function", "function": {"name": "calculator"}})
+        assert named["finish_reason"] == "tool_calls" and named["message"]["tool_calls"][0]["function"]["name"] == "calculator"
+        assert (await ask("auto"))["finish_reason"] == "tool_calls"
+        assert (await ask("required"))["finish_reason"] == "tool_calls"
+        other = TOOLS + [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+        r = await s.post(tools=other, tool_choice={"type": "function", "function": {"name": "search"}})
+        body = r.json()["choices"][0]  # the model called another function: returned as text, counted
+        assert body["finish_reason"] == "stop" and "tool_calls" not in body["message"]
+        assert s.rec.counts["tool_choice_violations"] == 1
+
+
+async def test_malformed_call_comes_back_as_content(tok):
+    async with _Server(tok, ['<tool_call>\n{"name": "calculator", "arguments": {"expression": </tool_call>']) as s:
+        r = await s.post(tools=TOOLS)
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop" and "<tool_call>" in choice["message"]["content"]
+        assert s.rec.counts["malformed_calls"] == 1
+
+
+async def test_history_rewrite_starts_a_new_segment(tok):
+    async def rewriting_agent(sample, base_url, api_key):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        msgs = list(sample["messages"])
+        r = await client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS)
+        call = r.choices[0].message.tool_calls[0]
+        edited = {"role": "assistant", "content": "let me think", "tool_calls": [call.model_dump()]}  # edited turn
+        msgs += [edited, {"role": "tool", "tool_call_id": call.id, "content": "444"}]
+        await client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS)
+        await client.close()
+        return 1.0
+
+    loop = _loop(scripted_engine(tok, [CALL, "The answer is 444."]), tok, entrypoint=rewriting_agent)
+    batch = await loop.run([sample(uid="q7")], 1, SamplingParams(seed=0))
+    assert [t.uid for t in batch.trajectories] == ["q7", "q7"]
+    first, second = batch.trajectories
+    assert [t.metrics["segment"] for t in batch.trajectories] == [0.0, 1.0]
+    assert (first.reward, second.reward) == (1.0, 1.0) and loop.counts["history_rewrites"] == 1
+    assert len(first.turns) == 1 and len(second.turns) == 1 and sum(second.loss_mask) == len(second.response_ids)
+    assert "let me think" in tok.decode(second.prompt_ids)  # the new segment's prompt is the edited history
+    for t in batch.trajectories:
+        _assert_token_exact(tok, t, TOOLS)
+
+
+async def test_failures_are_classified(tok):
+    class Broken:
+        async def generate(self, prompt_ids, sampling):
+            raise RuntimeError("GPU on fire")
+
+        async def close(self):
+            pass
+
+    loop = _loop(Broken(), tok)  # the agent raises openai.InternalServerError: our endpoint's fault
+    [t] = (await loop.run([sample()], 1, SamplingParams())).trajectories
+    assert (t.outcome, t.cause, t.trainable) == ("infra_failure", "engine_error", False) and "GPU on fire" in t.error
+
+    async def buggy_agent(sample, base_url, api_key):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        await client.chat.completions.create(model="policy", messages=sample["messages"])
+        raise KeyError("the agent's own bug")
+
+    loop = _loop(scripted_engine(tok, ["The answer is 444."]), tok, entrypoint=buggy_agent)
+    [t] = (await loop.run([sample(ground_truth="444")], 1, SamplingParams())).trajectories
+    assert (t.outcome, t.cause, t.reward, t.trainable) == ("policy_failure", "agent_error", 0.0, True)
+
+    async def slow_agent(sample, base_url, api_key):
+        await asyncio.sleep(10)
+
+    loop = _loop(scripted_engine(tok, ["x"]), tok, entrypoint=slow_agent, timeout=0.2)
+    [t] = (await loop.run([sample()], 1, SamplingParams())).trajectories
+    assert (t.outcome, t.cause) == ("infra_failure", "agent_timeout")
+
+
+@pytest.mark.timeout(300)
+async def test_256_concurrent_agents_none_lost(tok):
+    engine = scripted_engine(tok, [CALL, "The answer is 444."], delay=0.01)
+    loop = _loop(engine, tok)
+    samples = [sample(uid=f"u{i}", ground_truth="444") for i in range(64)]
+    batch = await loop.run(samples, 4, SamplingParams(seed=5))
+    assert len(batch) == 256 and engine.calls == 512
+    assert [t.uid for t in batch.trajectories] == [f"u{i}" for i in range(64) for _ in range(4)]
+    for t in batch.trajectories:
+        assert (t.outcome, len(t.turns), t.metrics["proxy/calls"]) == ("ok", 2, 2.0), (t.outcome, t.error)
+    assert loop.counts["calls"] == 512 and loop.counts["history_rewrites"] == 0 and not loop.server.sessions

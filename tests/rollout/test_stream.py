@@ -1,0 +1,98 @@
+"""RolloutStream: groups out in finish order, weight updates only at turn boundaries, versions per turn,
+stale groups re-rolled, drained updates, nothing lost. Real agent loop, tools and tokenizer; a scripted
+engine with simulated generation time (asyncio sleep) so that turns are in flight when weights change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from rollout_helpers import CountingTool, call_text, sample, scripted_engine
+
+from verl_agent.rollout.agent_loop import AgentLoop
+from verl_agent.rollout.engine import SamplingParams
+from verl_agent.rollout.stream import RolloutStream
+
+SP = SamplingParams(max_new_tokens=64, seed=5)
+
+
+def three_turn_loop(tok, cfg, delay: float = 0.05) -> AgentLoop:
+    """Each trajectory: two tool calls then an answer (3 assistant turns), `delay` s per generate call."""
+    engine = scripted_engine(tok, [call_text("echo", '{"text": "a"}'), call_text("echo", '{"text": "b"}'), "42"])
+    engine.delay = delay
+    cfg.multi_turn.max_assistant_turns = 5
+    return AgentLoop(engine, tok, cfg, tools={"echo": CountingTool()}, max_prompt_length=400,
+                     max_response_length=400)
+
+
+async def update_weights(stream: RolloutStream, agent: AgentLoop, version: int, drain: bool = False) -> list[int]:
+    """What the trainer's sync does; returns the engine's in-flight count seen while paused."""
+    await stream.pause(drain=drain)
+    seen = [stream.engine._inflight]
+    await stream.engine.update_weights([("w", version)])
+    agent.policy_version = version
+    stream.resume()
+    return seen
+
+
+async def test_partial_rollout_records_the_version_of_every_turn(chat_tokenizer, rollout_cfg):
+    agent = three_turn_loop(chat_tokenizer, rollout_cfg)
+    stream = RolloutStream(agent)
+    stream.feed([sample(uid=f"s{i}") for i in range(4)], 2, SP, batch=1)
+    await asyncio.sleep(0.08)  # every trajectory is inside its first or second turn
+    assert await update_weights(stream, agent, 1) == [0]  # paused with no forward pass in flight
+    groups, dropped = await stream.take(4, min_version=0)
+    assert dropped == 0 and [g.position for g in groups] == [0, 1, 2, 3]
+    for g in groups:
+        for t in g.trajectories:
+            versions = [turn.policy_version for turn in t.turns]
+            assert len(versions) == 3 and versions == sorted(versions)  # never goes back
+            assert versions[0] == 0 and versions[-1] == 1  # cut by the update: old turns 0, later turns 1
+            assert t.oldest_version == 0 and t.outcome != "infra_failure"
+
+
+async def test_drained_update_lets_started_trajectories_finish_on_old_weights(chat_tokenizer, rollout_cfg):
+    agent = three_turn_loop(chat_tokenizer, rollout_cfg)
+    stream = RolloutStream(agent)
+    stream.feed([sample(uid="a"), sample(uid="b")], 2, SP, batch=1)
+    await asyncio.sleep(0.02)
+    update = asyncio.create_task(update_weights(stream, agent, 1, drain=True))
+    await asyncio.sleep(0.01)
+    stream.feed([sample(uid="c")], 2, SP, batch=2)  # fed while draining: held back, starts on the new weights
+    await update
+    groups, _ = await stream.take(3, min_version=0)
+    versions = {g.sample.uid: {turn.policy_version for t in g.trajectories for turn in t.turns} for g in groups}
+    assert versions == {"a": {0}, "b": {0}, "c": {1}}
+
+
+async def test_stale_groups_are_rolled_out_again_and_nothing_is_lost(chat_tokenizer, rollout_cfg):
+    agent = three_turn_loop(chat_tokenizer, rollout_cfg, delay=0.01)
+    stream = RolloutStream(agent)
+    stream.feed([sample(uid=f"s{i}") for i in range(3)], 1, SP, batch=1)
+    while len(stream.ready) < 3:
+        await asyncio.sleep(0.01)
+    for v in (1, 2):  # two updates while the groups wait: they are 2 versions old
+        await update_weights(stream, agent, v)
+    groups, dropped = await stream.take(3, min_version=1)
+    assert dropped == 3 and stream.dropped_stale == 3
+    assert sorted(g.sample.uid for g in groups) == ["s0", "s1", "s2"]  # re-rolled under version 2
+    assert all(turn.policy_version == 2 for g in groups for t in g.trajectories for turn in t.turns)
+    assert stream.pending == 0
+
+
+async def test_groups_come_out_in_finish_order_and_cancel_returns_the_rest(chat_tokenizer, rollout_cfg):
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, lambda text, k: "slow" if "slow" in text else "fast")
+
+    async def generate(ids, sp, _inner=engine.generate):
+        if "slow" in tok.decode(ids):
+            await asyncio.sleep(0.3)
+        return await _inner(ids, sp)
+
+    engine.generate = generate
+    agent = AgentLoop(engine, tok, rollout_cfg, max_prompt_length=400, max_response_length=64)
+    stream = RolloutStream(agent)
+    stream.feed([sample("slow one", uid="slow"), sample("fast one", uid="fast")], 1, SP, batch=1)
+    groups, _ = await stream.take(1, min_version=0)
+    assert [g.sample.uid for g in groups] == ["fast"]  # the trainer takes groups as they fill
+    assert [s.uid for s in await stream.cancel()] == ["slow"] and stream.pending == 0

@@ -1,0 +1,152 @@
+"""The viewer in real headless Chromium: curves, filters, a trajectory with its tool call, token ids, errors.
+
+Screenshots land in test-artifacts/viewer/ (VERL_AGENT_TEST_ARTIFACTS overrides the folder).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from browser import ARTIFACTS, chromium_path, serving
+from playwright.sync_api import expect, sync_playwright
+from runfactory import METRIC_STEPS
+
+from verl_agent.viewer import write_report
+
+
+@pytest.fixture(scope="module")
+def browser():
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    pg = browser.new_page(viewport={"width": 1500, "height": 1000})
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    yield pg
+    pg.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+def _open(page, url):
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']", timeout=15000)
+
+
+def _series(page, chart, name):
+    return page.locator(f"svg[data-title='{chart}'] g.series[data-name='{name}'] circle.pt")
+
+
+def _first_record(run_dir, file="step_1"):
+    return json.loads((run_dir / "trajectories" / f"{file}.jsonl").read_text().splitlines()[0])
+
+
+def test_curves_trajectory_tool_call_and_token_hover(page, run_dir):
+    with serving(run_dir) as url:
+        _open(page, url)
+        expect(_series(page, "Reward", "rollout/reward/mean")).to_have_count(len(METRIC_STEPS))
+        expect(_series(page, "Success rate", "val/success_rate")).to_have_count(2)  # logged at steps 1 and 3 only
+        for chart in ("Response length", "Entropy", "KL", "Time per phase (s)", "Infrastructure failures"):
+            expect(page.locator(f"svg[data-title='{chart}']")).to_have_count(1)
+        expect(page.locator("#global-error .error")).to_have_count(0)
+
+        # Zoom: drag across the middle of the reward chart keeps only step 2 inside the plot.
+        box = page.locator("svg[data-title='Reward'] rect.brush-area").bounding_box()
+        y = box["y"] + box["height"] / 2
+        page.mouse.move(box["x"] + box["width"] * 0.3, y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.7, y, steps=5)
+        page.mouse.up()
+        expect(page.locator("#zoom-note")).to_contain_text("steps 1.6")
+        page.screenshot(path=str(ARTIFACTS / "curves.png"), full_page=True)
+
+        # Step browser: filters, then the tool-using trajectory.
+        page.click(".tab[data-tab='steps']")
+        expect(page.locator(".traj-row")).to_have_count(4)
+        page.select_option("#f-status", "infra_failure")
+        expect(page.locator(".traj-row")).to_have_count(1)
+        expect(page.locator(".traj-row")).to_contain_text("tool_timeout")
+        page.select_option("#f-status", "")
+        page.fill("#f-text", "answer is 401")
+        expect(page.locator(".traj-row")).to_have_count(1)
+        page.fill("#f-text", "")
+        expect(page.locator("#f-tool option[value='calculator']")).to_have_count(1)
+        page.select_option("#f-tool", "calculator")
+        expect(page.locator(".traj-row")).to_have_count(1)
+        page.locator(".traj-row").first.click()
+
+        detail = page.locator("#detail .trajectory")
+        expect(detail.locator(".tool-name")).to_have_text("calculator")
+        expect(detail.locator(".tool-args")).to_contain_text('"expression": "37 * 12"')
+        expect(detail.locator(".role-tool")).to_contain_text("tool result (calculator)")
+        expect(detail.locator(".role-tool pre")).to_have_text("444")
+        expect(detail.locator(".turn-info").nth(1)).to_contain_text("score 1")
+        expect(detail.locator(".stop-line")).to_contain_text("end_of_turn")
+
+        rec = _first_record(run_dir)
+        tok = detail.locator(".tok-response .tok.m1").first
+        tok.hover()
+        tip = page.locator("#tok-tip")
+        expect(tip).to_be_visible()
+        expect(tip).to_contain_text(f"id {rec['response_ids'][0]} · response pos 0 · mask 1")
+        assert int(tok.get_attribute("data-id")) == rec["response_ids"][0]
+        assert not tok.inner_text().startswith("[")  # decoded with the run's tokenizer, not a bare id
+        n_obs = rec["loss_mask"].count(0)
+        expect(detail.locator(".tok-response .tok.m0")).to_have_count(n_obs)
+        page.screenshot(path=str(ARTIFACTS / "trajectory.png"), full_page=True)
+
+        # Same prompt, step 1 vs step 2, side by side.
+        detail.locator(".compare-btn").click()
+        expect(page.locator("#cmp-left .trajectory")).to_have_count(1)
+        expect(page.locator("#cmp-right .trajectory")).to_have_count(1)
+        page.select_option("#cmp-right .cmp-sample", index=1)
+        expect(page.locator("#cmp-right .trajectory")).to_contain_text("The answer is 402.")
+        page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)
+
+
+def test_curves_follow_a_run_that_is_still_training(page, run_dir):
+    with serving(run_dir) as url:
+        _open(page, url)
+        expect(_series(page, "Reward", "rollout/reward/mean")).to_have_count(3)
+        with (run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": 4, "rollout/reward/mean": 0.9}) + "\n")
+        expect(_series(page, "Reward", "rollout/reward/mean")).to_have_count(4, timeout=10000)
+
+
+def test_malformed_lines_are_shown_as_errors(page, broken_run):
+    with serving(broken_run) as url:
+        _open(page, url)
+        expect(page.locator("#metrics-errors .error")).to_contain_text("metrics.jsonl line 4")
+        expect(_series(page, "Reward", "rollout/reward/mean")).to_have_count(3)  # the good rows still plot
+        page.click(".tab[data-tab='steps']")
+        errs = page.locator("#file-errors .error")
+        expect(errs).to_have_count(3)
+        expect(errs.nth(0)).to_contain_text("line 2: truncated record")
+        expect(errs.nth(2)).to_contain_text("no newline")
+        expect(page.locator(".traj-row")).to_have_count(4)  # the good records are still listed
+        expect(page.locator(".row-error")).to_have_count(2)
+        page.screenshot(path=str(ARTIFACTS / "errors.png"), full_page=True)
+
+
+def test_self_contained_html_report(page, run_dir, tmp_path):
+    out = write_report(run_dir, tmp_path / "report.html")
+    html = out.read_text()
+    assert 'src="static/' not in html and 'href="static/' not in html  # nothing left to fetch
+    _open(page, out.as_uri())
+    expect(_series(page, "Reward", "rollout/reward/mean")).to_have_count(len(METRIC_STEPS))
+    page.click(".tab[data-tab='steps']")
+    page.select_option("#f-file", "step_2")
+    page.select_option("#f-status", "ok")
+    expect(page.locator(".traj-row")).to_have_count(1)
+    page.locator(".traj-row").first.click()
+    expect(page.locator("#detail .tool-name")).to_have_text("calculator")
+    page.locator("#detail .tok-response .tok").first.hover()
+    rec = _first_record(run_dir, "step_2")
+    expect(page.locator("#tok-tip")).to_contain_text(f"id {rec['response_ids'][0]} ")
+    page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
