@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test setup setup-docker setup-sglang model bench clean
+.PHONY: demo test setup setup-docker setup-sglang setup-chromium model bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,10 +25,13 @@ setup-docker:
 setup-sglang:
 	bash scripts/setup_sglang.sh
 
+setup-chromium:
+	bash scripts/setup_chromium.sh
+
 demo: setup model
 	$(PY) -m verl_agent train examples/calculator/config.yaml
 
-test: setup model setup-docker setup-sglang
+test: setup model setup-docker setup-sglang setup-chromium
 	$(PY) -m pytest -q -ra --durations=15
 
 bench: setup model

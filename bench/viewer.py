@@ -6,13 +6,14 @@ Writes a run whose trajectories/step_1.jsonl holds N trajectories of T tokens (d
 fresh app = nothing cached in the process; the file itself is in the OS page cache, as right after
 the trainer wrote it). Target: the first page of the step browser in under 2 s.
 
-    .venv/bin/python bench/viewer.py [--records 10000] [--tokens 4096] [--dir /tmp/verl-agent-bench-viewer]
+    .venv/bin/python bench/viewer.py [--records 10000] [--tokens 4096] [--dir /tmp/verl-agent-bench-viewer] [--cold]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -38,7 +39,7 @@ def _template(tokens: int, variant: int, rng: random.Random) -> str:
         mask += [1] * gen + [0] * (per - gen)
         lps += [round(-rng.random() * 2, 5) for _ in range(gen)] + [0.0] * (per - gen)
         tl.append(Turn(k * per, k * per + gen, (k + 1) * per, num_tool_calls=1, score=0.1))
-    ids, mask, lps = ids[: len(mask)], mask, lps
+    ids = ids[: len(mask)]
     words = " ".join(f"word{rng.randrange(1000)}" for _ in range(per // 2))
     msgs = [Message("user", f"Task {variant}: " + words[:2000])]
     for k in range(turns):
@@ -63,10 +64,18 @@ def make_run(root: Path, n: int, tokens: int) -> Path:
     with path.open("w", encoding="utf-8") as f:
         for i in range(n):
             f.write(templates[i % len(templates)].replace("@UID@", f"data.jsonl:{i // 8}", 1) + "\n")
+    (root / "config.yaml").write_text("actor_rollout_ref:\n  model:\n    path: tiny\n")  # tokens get decoded
     (root / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "rollout/reward/mean": s / 100}) + "\n"
                                                 for s in range(1, 201)))  # fmt: skip
     stamp.touch()
     return root
+
+
+def until_complete(get):
+    """What the page does while a big file is still being indexed: ask again until it is complete."""
+    while not (out := get("/api/records", file="step_1"))["complete"]:
+        pass
+    return out
 
 
 def timed(fn):
@@ -80,15 +89,22 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=10_000)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--dir", default="/tmp/verl-agent-bench-viewer")
+    ap.add_argument("--cold", action="store_true", help="evict the step file from the page cache first (fadvise)")
     args = ap.parse_args()
     gen_s, root = timed(lambda: make_run(Path(args.dir), args.records, args.tokens))
-    size = (root / "trajectories" / "step_1.jsonl").stat().st_size
+    step_file = root / "trajectories" / "step_1.jsonl"
+    size = step_file.stat().st_size
+    if args.cold:  # only this file's pages: other processes on the machine keep their cache
+        with step_file.open("rb") as f:
+            os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     client = TestClient(create_app(Run(root)))
-    get = lambda url, **p: client.get(url, params=p).json()  # noqa: E731
+    get = lambda url, **p: client.get(url, params=p).json()
     rows = []
     for name, fn in [
         ("page load: /api/run + /api/metrics", lambda: (get("/api/run"), get("/api/metrics"))),
-        ("first page: index file + 50 rows", lambda: get("/api/records", file="step_1")),
+        ("first page: index (budgeted) + 50 rows", lambda: get("/api/records", file="step_1")),
+        ("rest of the index (page re-asks)", lambda: until_complete(get)),
         ("next page (offset 5000)", lambda: get("/api/records", file="step_1", offset=5000)),
         ("filter outcome=infra_failure", lambda: get("/api/records", file="step_1", status="infra_failure")),
         ("open one record (4k tokens)", lambda: get("/api/record", file="step_1", index=4321)),
@@ -97,16 +113,18 @@ def main() -> None:
     ]:
         secs, out = timed(fn)
         rows.append({"op": name, "seconds": round(secs, 3)})
-        if name.startswith("first page"):
+        if name.startswith("rest"):
             assert out["total"] == args.records, out.get("total")
     load = rows[0]["seconds"] + rows[1]["seconds"]
+    full = load + rows[2]["seconds"]
     print(f"file: {args.records} trajectories x {args.tokens} tokens, {size / 1e6:.0f} MB (written in {gen_s:.1f} s)")
     print(f"{'operation':40} {'seconds':>8}")
     for r in rows:
         print(f"{r['op']:40} {r['seconds']:>8.3f}")
     print(f"{'LOAD (page + first page)':40} {load:>8.3f}   target < 2 s: {'OK' if load < 2 else 'MISSED'}")
-    print(json.dumps({"bench": "viewer", "records": args.records, "tokens": args.tokens, "file_mb": round(size / 1e6),
-                      "load_seconds": round(load, 3), "target_met": load < 2, "results": rows}))  # fmt: skip
+    print(f"{'all records indexed':40} {full:>8.3f}")
+    print(json.dumps({"bench": "viewer", "cold": args.cold, "records": args.records, "tokens": args.tokens, "file_mb": round(size / 1e6),
+                      "load_seconds": round(load, 3), "full_index_seconds": round(full, 3), "target_met": load < 2, "results": rows}))  # fmt: skip
 
 
 if __name__ == "__main__":

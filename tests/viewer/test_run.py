@@ -13,7 +13,6 @@ from verl_agent.viewer.query import Filter
 from verl_agent.viewer.run import Run, RunError
 
 
-
 def test_index_offsets_point_at_records_and_parse_lazily(run_dir):
     path = run_dir / "trajectories" / "step_1.jsonl"
     idx = JsonlIndex(path).refresh()

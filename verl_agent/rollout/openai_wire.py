@@ -9,6 +9,7 @@ strings, `content` is null when the message only calls tools, streams end with `
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -91,8 +92,19 @@ def _tools(raw: Any) -> list[dict] | None:
         return None
     if not isinstance(raw, list):
         raise _bad("'tools' must be an array of function tools", "tools")
+    try:
+        key = json.dumps(raw, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise _bad(f"'tools' is not JSON-serializable: {e}", "tools") from e
+    _check_tools(key)
+    return raw
+
+
+@functools.lru_cache(maxsize=256)  # agents send the same tools on every call; checking a schema costs ~2 ms
+def _check_tools(key: str) -> None:
     from jsonschema import SchemaError, validators
 
+    raw = json.loads(key)
     for i, t in enumerate(raw):
         fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
@@ -106,7 +118,6 @@ def _tools(raw: Any) -> list[dict] | None:
         except SchemaError as e:
             raise _bad(f"tools[{i}].function.parameters is not a valid JSON Schema: {e.message}",
                        f"tools[{i}].function.parameters", "invalid_tool_schema") from e  # fmt: skip
-    return raw
 
 
 def _tool_choice(v: Any, tools: list[dict] | None) -> str | None:

@@ -236,21 +236,36 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
 
 def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float, device: torch.device,
                 gtok: float, gseq: float) -> tuple[Tensor, dict[str, Tensor]]:
-    """The actor objective of one micro-batch; a missing old log-prob is the current one, detached."""
-    logp, ent = forward_log_probs(model, real, temperature, device, with_entropy=cfg.entropy_coeff != 0)
+    """The actor objective of one micro-batch; a missing old log-prob is the current one, detached.
+
+    On that on-policy shortcut no separate log-prob pass ran, so the health metrics it would have
+    given (entropy, engine-vs-actor log-prob gap) come from this forward, detached.
+    """
+    on_policy = real[0].old_log_probs is None
+    logp, ent = forward_log_probs(model, real, temperature, device,
+                                  with_entropy=cfg.entropy_coeff != 0 or on_policy)
     kl_coef = cfg.kl_loss_coef if cfg.use_kl_loss else 0.0
     old = [s.old_log_probs if s.old_log_probs is not None else lp.detach() for s, lp in zip(real, logp)]
-    return actor_loss(
+    mask = _pad([s.loss_mask for s in real], device)
+    loss, metrics = actor_loss(
         _pad(old, device), pad_field(logp),
-        _pad([s.advantages for s in real], device), _pad([s.loss_mask for s in real], device),
+        _pad([s.advantages for s in real], device), mask,
         loss_mode=cfg.policy_loss.loss_mode,
         clip_ratio_low=cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio,
         clip_ratio_high=cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio,
         clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
-        entropy=pad_field(ent) if ent is not None else None, entropy_coeff=cfg.entropy_coeff,
+        entropy=pad_field(ent) if ent is not None and cfg.entropy_coeff != 0 else None,
+        entropy_coeff=cfg.entropy_coeff,
         ref_log_prob=_pad([s.ref_log_probs for s in real], device) if kl_coef else None, kl_loss_coef=kl_coef,
         kl_loss_type=cfg.kl_loss_type, global_token_count=gtok, global_seq_count=gseq,
     )  # fmt: skip
+    if on_policy:  # token means of this micro-batch (update_actor weights them by its tokens)
+        tokens = mask.sum().clamp(min=1)
+        metrics["actor/entropy"] = (pad_field(ent).detach() * mask).sum() / tokens
+        if all(s.rollout_log_probs is not None for s in real):
+            gap = (pad_field(logp).detach() - _pad([s.rollout_log_probs for s in real], device)).abs()
+            metrics["rollout/actor_logprob_diff_mean"] = (gap * mask).sum() / tokens
+    return loss, metrics
 
 
 def _pad(values: list[Tensor], device: torch.device) -> Tensor:

@@ -186,8 +186,10 @@ class TrainWorker:
                 "num_parameters": int(n_params), "pid": os.getpid()}
 
     def _optimizer(self, model: torch.nn.Module, optim_cfg) -> tuple[torch.optim.Optimizer, Any]:
+        # fused AdamW on GPU: no temporary the size of the weights (the foreach default needs one)
         opt = torch.optim.AdamW(model.parameters(), lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay,
-                                betas=tuple(optim_cfg.betas))
+                                betas=tuple(optim_cfg.betas), fused=self.device.type == "cuda" and not
+                                self.cfg.actor_rollout_ref.actor.fsdp_config.param_offload)
         return opt, make_scheduler(opt, optim_cfg, self.cfg.trainer.total_training_steps or 1)
 
     def _build_critic(self) -> None:
@@ -353,7 +355,7 @@ class TrainWorker:
         self.seqs = []
         return metrics
 
-    def sync_weights(self, version: int, bucket_mb: int = 64) -> float:
+    def sync_weights(self, version: int) -> float:
         """Gather full parameters bucket by bucket and push them into the engine as policy `version`; seconds.
 
         Rollouts in flight pause at a turn boundary first (or, for one_step_off and partial_rollout=false,
@@ -364,7 +366,10 @@ class TrainWorker:
         self._run(self.stream.pause(drain=t.mode == "one_step_off" or not t.partial_rollout))
         try:
             self._run(self.engine.wake_up())
-            for bucket in iter_full_param_buckets(self.actor, bucket_mb << 20):
+            arr = self.cfg.actor_rollout_ref
+            dtype = getattr(torch, arr.rollout.dtype or arr.model.dtype)  # the replica's dtype: cast on the device
+            bucket_bytes = (512 if self.device.type == "cuda" else 64) << 20
+            for bucket in iter_full_param_buckets(self.actor, bucket_bytes, dtype=dtype):
                 self._run(self.engine.update_weights(bucket))
             self.version = self.agent.policy_version = version
         finally:

@@ -12,4 +12,4 @@ from verl_agent.viewer.export import build_report, write_report
 from verl_agent.viewer.run import Run, RunError
 from verl_agent.viewer.server import create_app, serve
 
-__all__ = ["Run", "RunError", "create_app", "serve", "build_report", "write_report"]
+__all__ = ["Run", "RunError", "build_report", "create_app", "serve", "write_report"]

@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JsonlIndex", "LineError", "Entry", "RecordError"]
+__all__ = ["Entry", "JsonlIndex", "LineError", "RecordError"]
 
 _MESSAGES_KEY = b', "messages": '
 _HEAVY_KEYS = (b', "prompt_text": ', b', "prompt_ids": ')
@@ -61,20 +62,29 @@ class JsonlIndex:
         self._lineno = 0
         self._ino: int | None = None
         self._tail_error: LineError | None = None
+        self.size = 0  # file size at the last refresh
 
     # ---- indexing -------------------------------------------------------------------------
-    def refresh(self) -> JsonlIndex:
-        """Index lines appended since the last call (re-index if the file was replaced or cut)."""
+    def refresh(self, budget_s: float | None = None) -> JsonlIndex:
+        """Index lines appended since the last call (re-index if the file was replaced or cut).
+
+        With `budget_s`, stop after about that long and leave the rest for the next call
+        (`complete` tells): a cold 1 GB file takes seconds to read, the first page must not wait.
+        """
         st = self.path.stat()
         if st.st_ino != self._ino or st.st_size < self._end:
             self.__init__(self.path)
             self._ino = st.st_ino
+        self.size = st.st_size
         self._tail_error = None
         if st.st_size == self._end or st.st_size == 0:
             return self
+        deadline = None if budget_s is None else time.monotonic() + budget_s
         with self.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             pos, size = self._end, len(mm)
             while pos < size:
+                if deadline is not None and self._lineno % 64 == 0 and time.monotonic() > deadline:
+                    break
                 nl = mm.find(b"\n", pos)
                 if nl < 0:  # no newline yet: a writer may be mid-line, or the file was cut short
                     self._tail_error = LineError(
@@ -97,6 +107,15 @@ class JsonlIndex:
             entry.error = str(e)
             self.errors.append(LineError(self._lineno, entry.error))
         self.entries.append(entry)
+
+    @property
+    def indexed_bytes(self) -> int:
+        return self._end
+
+    @property
+    def complete(self) -> bool:
+        """Has every complete line been indexed? (A trailing line without newline never is.)"""
+        return self._end == self.size or self._tail_error is not None
 
     @property
     def all_errors(self) -> list[LineError]:

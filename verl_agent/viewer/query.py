@@ -10,7 +10,7 @@ from typing import Any
 
 from verl_agent.viewer.jsonl import JsonlIndex
 
-__all__ = ["Filter", "TRUNCATED_STOPS", "select", "facets"]
+__all__ = ["TRUNCATED_STOPS", "Filter", "facets", "select"]
 
 # Stop reasons that cut an episode short (Gymnasium's "truncated", as opposed to terminated).
 TRUNCATED_STOPS = frozenset({"response_budget", "engine_length", "max_assistant_turns", "max_user_turns"})

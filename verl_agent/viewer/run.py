@@ -23,6 +23,7 @@ from verl_agent.viewer.tokens import TokenDecoder
 
 __all__ = ["Run", "RunError"]
 
+INDEX_BUDGET_S = 0.5  # a page query indexes at most this long; the page asks again for the rest
 _STEP = re.compile(r"^(val_)?step_(\d+)\.jsonl$")
 
 
@@ -55,13 +56,13 @@ class Run:
                 out.setdefault(p.stem, p)
         return out
 
-    def index(self, file_id: str) -> JsonlIndex:
+    def index(self, file_id: str, budget_s: float | None = None) -> JsonlIndex:
         paths = self._paths()
         if file_id not in paths:
             raise RunError(f"no trajectory file {file_id!r} in {self.run_dir} (have: {', '.join(paths) or 'none'})")
         if file_id not in self._indexes or self._indexes[file_id].path != paths[file_id]:
             self._indexes[file_id] = JsonlIndex(paths[file_id])
-        return self._indexes[file_id].refresh()
+        return self._indexes[file_id].refresh(budget_s)
 
     def files(self) -> list[dict[str, Any]]:
         """Trajectory files, training steps first in step order, then validation, then others.
@@ -94,10 +95,11 @@ class Run:
 
     # ---- trajectories -------------------------------------------------------------------
     def query(self, file_id: str, flt: Filter, offset: int = 0, limit: int = 50) -> dict[str, Any]:
-        idx = self.index(file_id)
+        idx = self.index(file_id, budget_s=INDEX_BUDGET_S)
         hits = select(idx, flt)
         page = hits[offset : offset + limit]
         return finite({"file": file_id, "total": len(idx), "matched": len(hits), "offset": offset,
+                       "complete": idx.complete, "indexed_bytes": idx.indexed_bytes, "bytes": idx.size,
                        "items": [summary(idx, i) for i in page], "facets": facets(idx),
                        "errors": [{"line": e.lineno, "error": e.error} for e in idx.all_errors[:200]]})  # fmt: skip
 

@@ -27,7 +27,7 @@ from verl_agent.viewer.jsonl import RecordError
 from verl_agent.viewer.query import Filter
 from verl_agent.viewer.run import Run, RunError
 
-__all__ = ["create_app", "serve", "STATIC_DIR"]
+__all__ = ["STATIC_DIR", "create_app", "serve"]
 
 STATIC_DIR = Path(__file__).parent / "static"
 log = logging.getLogger(__name__)

@@ -52,7 +52,7 @@ class TokenDecoder:
         self._loaded = True
         try:
             path = tokenizer_dir(self.run_dir)
-        except Exception as e:  # building the tiny model can fail in many ways; the viewer still shows ids
+        except (OSError, RuntimeError, ValueError, ImportError) as e:  # the viewer still shows ids
             log.warning("viewer: no tokenizer (%s); showing token ids", e)
             return
         if not path:
@@ -68,7 +68,7 @@ class TokenDecoder:
 
                 self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
             self.source = path
-        except Exception as e:  # a missing or foreign tokenizer must not break the page
+        except (OSError, RuntimeError, ValueError, ImportError) as e:  # a foreign tokenizer must not break the page
             log.warning("viewer: cannot load the tokenizer at %s (%s); showing token ids", path, e)
 
     def decode(self, ids: list[int]) -> list[str] | None:

@@ -110,6 +110,10 @@ async function loadRecords() {
   $("#file-errors").replaceChildren(...res.errors.map((e) => h("div", { class: "error line-error" }, `${state.file}: ${e.error}`)));
   $("#prev").disabled = res.offset === 0;
   $("#next").disabled = res.offset + res.items.length >= res.matched;
+  if (res.complete === false) { // a large file is indexed a slice per request: show what is there, ask again
+    $("#page-info").textContent += ` · indexing ${Math.floor((100 * res.indexed_bytes) / res.bytes)}%…`;
+    setTimeout(() => { if (seq === state.seq) guard("#list-error", loadRecords); }, 50);
+  }
 }
 
 async function loadTools() {

@@ -1,0 +1,148 @@
+"""Training throughput, sync vs one_step_off vs async, on an agent workload with slow environment turns.
+
+Each trajectory talks to an environment for `--turns` assistant turns; every environment reply
+takes a latency drawn from a fixed-seed log-uniform distribution (default 10 ms - 1 s, asyncio
+sleep: a tool or a remote environment, not CPU work), and scores the episode pseudo-randomly so
+GRPO has something to learn from. The same config runs once per mode, side by side in one process;
+the first step of each (compilation, Ray start) is left out.
+
+    python bench/async_train.py                                    # CPU, the tiny model
+    python bench/async_train.py --device cuda --model 0.5b         # one GPU, a Qwen2-0.5B-shaped body
+
+Prints a table and one JSON line: trajectories trained per second per mode and the ratio to sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from verl_agent.interactions.base import BaseInteraction  # noqa: E402
+
+
+class SlowEnvironment(BaseInteraction):
+    """Replies after `latency` seconds (log-uniform in [lo, hi], seeded per episode) for `turns` turns."""
+
+    async def start_interaction(self, instance_id: str | None = None, **kwargs: Any) -> str:
+        iid = await super().start_interaction(instance_id, **kwargs)
+        self.instances[iid]["rng"] = random.Random(iid)
+        return iid
+
+    async def generate_response(self, instance_id: str, messages: list[dict], **kwargs: Any):
+        state = self.instances[instance_id]
+        lo, hi = self.config.get("latency", [0.01, 1.0])
+        await asyncio.sleep(math.exp(state["rng"].uniform(math.log(lo), math.log(hi))))
+        state["turns"] += 1
+        reply = messages[-1].get("content") or ""
+        state["score"] = (len(reply) % 5) / 4  # something the policy can move
+        return state["turns"] >= int(self.config.get("turns", 3)), "Go on.", 0.0, {}
+
+    async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
+        return float(self.instances[instance_id]["score"])
+
+
+def _model(kind: str, out: Path) -> str:
+    """'tiny' (the embedded model) or a random Qwen2 body of the 0.5B/7B shape with the tiny tokenizer."""
+    from verl_agent.rollout.build import resolve_model_path
+
+    tiny = resolve_model_path("tiny")
+    if kind == "tiny":
+        return tiny
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    shape = {"0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                          num_key_value_heads=2),
+             "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                        num_key_value_heads=4)}[kind]  # fmt: skip
+    cfg = Qwen2Config(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=kind == "0.5b",
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **shape)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def _setup(args: argparse.Namespace, tmp: Path) -> list[str]:
+    data = tmp / "train.jsonl"
+    with data.open("w") as f:
+        for i in range(args.batch * (args.steps + 4)):
+            f.write(json.dumps({"prompt": f"Tell me something about the number {i}.", "answer": str(i)}) + "\n")
+    inter = tmp / "interaction.yaml"
+    inter.write_text(json.dumps({"interaction": [{"name": "slow", "class_name": f"{Path(__file__).resolve()}:SlowEnvironment",
+                                                  "config": {"turns": args.turns, "latency": args.latency}}]}))
+    model = _model(args.model, tmp / "model")
+    gpu = args.device == "cuda"
+    return [
+        f"data.train_files=[{data}]", "data.val_files=[]", f"data.train_batch_size={args.batch}",
+        "data.max_prompt_length=256", f"data.max_response_length={args.turns * (args.max_new + 16)}",
+        f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.rollout.n={args.n}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}", "actor_rollout_ref.actor.optim.lr=1e-5",
+        f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={inter}",
+        f"actor_rollout_ref.rollout.multi_turn.max_user_turns={args.turns}",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.turns}",
+        f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false", "trainer.logger=[console]",
+        "trainer.resume_mode=disable", "trainer.log_trajectories=false", f"trainer.device={args.device}",
+        f"trainer.n_gpus_per_node={1 if gpu else 0}", f"trainer.num_cpu_workers={args.workers}",
+        *(["actor_rollout_ref.model.dtype=bfloat16"] if gpu and args.model != "tiny" else []),
+    ]
+
+
+def run_mode(base: list[str], mode: str, staleness: int, tmp: Path) -> dict[str, float]:
+    from verl_agent.config import load_config
+    from verl_agent.trainer.loop import train
+
+    cfg = load_config(None, [*base, f"trainer.mode={mode}", f"trainer.max_staleness={staleness}",
+                             f"trainer.default_local_dir={tmp / f'run_{mode}_{staleness}'}"])
+    result = train(cfg)
+    warm = result.history[1:]
+    seconds = sum(m["time/step"] for m in warm)
+    trajs = sum(m["rollout/num_trajectories"] for m in warm)
+    return {"trajectories_per_s": trajs / seconds, "step_s": seconds / len(warm),
+            "first_step_s": result.history[0]["time/step"],
+            "rollout_wait_s": sum(m["time/rollout"] for m in warm) / len(warm),
+            "update_s": sum(m.get("time/update", 0.0) for m in warm) / len(warm),
+            "policy_lag_max": max(m["rollout/policy_lag/max"] for m in warm),
+            "reward_mean": sum(m["rollout/reward/mean"] for m in warm) / len(warm)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--model", default="tiny", choices=["tiny", "0.5b", "7b"])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--batch", type=int, default=8, help="prompts per step")
+    p.add_argument("--n", type=int, default=4, help="trajectories per prompt")
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--max-new", type=int, default=48, help="token budget of one assistant turn (approx.)")
+    p.add_argument("--latency", type=float, nargs=2, default=[0.01, 1.0], metavar=("LO", "HI"))
+    p.add_argument("--workers", type=int, default=2, help="CPU workers (cpu device)")
+    p.add_argument("--staleness", type=int, default=2, help="async mode's max_staleness")
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="async-bench-"))
+    base = _setup(args, tmp)
+    rows = {"sync": run_mode(base, "sync", 0, tmp), "one_step_off": run_mode(base, "one_step_off", 1, tmp),
+            f"async(k={args.staleness})": run_mode(base, "async", args.staleness, tmp)}
+    sync = rows["sync"]["trajectories_per_s"]
+    print(f"\n{'mode':<16}{'traj/s':>9}{'x sync':>8}{'step s':>8}{'wait s':>8}{'update s':>9}{'lag':>5}{'reward':>8}")
+    for name, r in rows.items():
+        print(f"{name:<16}{r['trajectories_per_s']:>9.2f}{r['trajectories_per_s'] / sync:>8.2f}{r['step_s']:>8.2f}"
+              f"{r['rollout_wait_s']:>8.2f}{r['update_s']:>9.2f}{r['policy_lag_max']:>5.0f}{r['reward_mean']:>8.3f}")
+    print(json.dumps({"bench": "async_train", "device": args.device, "model": args.model, "args": vars(args),
+                      "modes": rows, "speedup": {k: r["trajectories_per_s"] / sync for k, r in rows.items()}}))
+
+
+if __name__ == "__main__":
+    main()
