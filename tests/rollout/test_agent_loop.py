@@ -259,3 +259,24 @@ async def test_cancelled_rollout_still_releases(chat_tokenizer, rollout_cfg):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert echo.created == echo.released == 3
+
+
+async def test_each_trajectory_is_one_engine_session_released_at_the_end(chat_tokenizer, rollout_cfg):
+    """Turns of one trajectory share a session id (KV reuse); ids differ across trajectories; all are released."""
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, [call_text("calculator", '{"expression": "1+1"}'), "2"])
+    seen, released = [], []
+    inner = engine.generate
+
+    async def generate(ids, sp, *, session=None):
+        seen.append(session)
+        return await inner(ids, sp, session=session)
+
+    async def release_session(session):
+        released.append(session)
+
+    engine.generate, engine.release_session = generate, release_session
+    batch = await loop(tok, engine, rollout_cfg, {"calculator": CalculatorTool()}).run([sample()], 3, SP)
+    assert all(len(t.turns) == 2 for t in batch.trajectories)
+    assert len(seen) == 6 and len(set(seen)) == 3 and all(s.startswith("s0/") for s in seen)
+    assert sorted(released) == sorted(set(seen))

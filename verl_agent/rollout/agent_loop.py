@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,6 +45,14 @@ from verl_agent.rollout.observations import run_tool_calls
 logger = logging.getLogger(__name__)
 
 __all__ = ["AgentLoop"]
+
+
+def _accepts_session(engine: Any) -> bool:
+    """Does engine.generate take `session=` (the Engine contract; older user engines may not)?"""
+    try:
+        return "session" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class InfraFailure(Exception):
@@ -74,6 +84,7 @@ class _Episode:
     user_turns: int = 0
     last_text: str = ""
     pending: Any = None  # ParseResult of the last assistant turn (None without tools)
+    engine_session: str | None = None  # names this trajectory to the engine (KV reuse across its turns)
     counts: dict[str, float] = field(default_factory=lambda: {"tool_calls": 0, "tool_errors": 0, "malformed_calls": 0})
 
 
@@ -108,6 +119,7 @@ class AgentLoop:
         self.overlong_prompts = overlong_prompts
         self.parser = get_parser(self.mt.format, tokenizer) if self.tools else None
         self.policy_version = 0
+        self._engine_sessions = _accepts_session(engine)
 
     async def run(self, samples: list[Sample], n: int, sampling: SamplingParams) -> RolloutBatch:
         """n trajectories per sample (GRPO groups share the sample uid), all concurrently, in sample order."""
@@ -175,6 +187,9 @@ class AgentLoop:
             await stack.enter_async_context(session)
         encoder = ChatEncoder(self.tokenizer, tools=session.schemas() if session else None)
         ep = _Episode(traj=traj, messages=list(sample.messages), encoder=encoder, session=session)
+        if self._engine_sessions:  # released when the trajectory ends, however it ends
+            ep.engine_session = f"{sample.uid}/{uuid.uuid4().hex}"
+            stack.push_async_callback(self.engine.release_session, ep.engine_session)
         traj.messages = ep.messages
         await self._start_interaction(ep, sample, stack)
         traj.prompt_ids = self._fit_prompt(list(encoder.encode_prompt(ep.messages)))
@@ -255,7 +270,8 @@ class AgentLoop:
         traj = ep.traj
         t0 = time.perf_counter()
         try:
-            out = await self.engine.generate(traj.prompt_ids + traj.response_ids, sp)
+            kwargs = {"session": ep.engine_session} if ep.engine_session else {}
+            out = await self.engine.generate(traj.prompt_ids + traj.response_ids, sp, **kwargs)
         except Exception as e:
             raise InfraFailure("engine_error", f"engine.generate failed: {type(e).__name__}: {e}") from e
         if out.finish_reason == "abort":

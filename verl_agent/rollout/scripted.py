@@ -41,7 +41,11 @@ class ScriptedEngine:
     def reply_ids(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.eos_id]
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput:
+    async def release_session(self, session: str) -> None:
+        """Nothing is cached per session here (the contract allows that)."""
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+                       ) -> GenerateOutput:  # fmt: skip
         if self.asleep:
             raise RuntimeError("ScriptedEngine.generate() called while asleep")
         self.calls += 1
