@@ -60,7 +60,8 @@ async def run_agent(sample: dict, base_url: str, api_key: str, model: str = "pol
     Returns None: the run's reward comes from data.reward_fn on the model's last reply
     (return a number, or {"reward": x, ...}, to score it here instead).
     """
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    # timeout: the SDK's default gives a connection 5 s; a trainer's CPU-bound rollout may take longer to accept
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600.0)
     messages = list(sample["messages"])
     try:
         for turn in range(MAX_TURNS):

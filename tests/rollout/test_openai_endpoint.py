@@ -254,3 +254,24 @@ async def test_256_concurrent_agents_none_lost(tok):
     for t in batch.trajectories:
         assert (t.outcome, len(t.turns), t.metrics["proxy/calls"]) == ("ok", 2, 2.0), (t.outcome, t.error)
     assert loop.counts["calls"] == 512 and loop.counts["history_rewrites"] == 0 and not loop.server.sessions
+
+
+async def test_unreachable_endpoint_is_an_infra_failure(tok):
+    async def lost_agent(sample, base_url, api_key):
+        client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key=api_key, max_retries=0)
+        await client.chat.completions.create(model="policy", messages=sample["messages"])
+
+    loop = _loop(scripted_engine(tok, ["x"]), tok, entrypoint=lost_agent)
+    [t] = (await loop.run([sample()], 1, SamplingParams())).trajectories
+    assert (t.outcome, t.cause, t.trainable) == ("infra_failure", "endpoint_unreachable", False)
+
+
+async def test_overlapping_runs_share_one_endpoint(tok):
+    """The trainer's rollout stream calls run() for several groups at once; none may stop the others' server."""
+    engine = scripted_engine(tok, [CALL, "The answer is 444."], delay=0.02)
+    loop = _loop(engine, tok)
+    batches = await asyncio.gather(*(loop.run([sample(uid=f"g{i}", ground_truth="444")], 4, SamplingParams(seed=i))
+                                     for i in range(6)))  # fmt: skip
+    for b in batches:
+        assert [t.outcome for t in b.trajectories] == ["ok"] * 4, [t.error for t in b.trajectories]
+    assert loop._users == 0 and loop.server._server is None

@@ -21,9 +21,12 @@ sample's uid (so GRPO groups stay whole) and the run's reward; `metrics["segment
 
 Outcome: an exception, timeout or 5xx that comes from our endpoint or engine is an
 infrastructure failure (never reward). An exception raised by the agent itself is a policy
-failure with cause "agent_error" and reward 0 (or "budget_exhausted" when the endpoint had
-refused a call for lack of token budget). A run that makes no call is an infrastructure failure
-with cause "agent_no_calls" (nothing to train on). A timeout (agent.timeout) is an
+failure with cause "agent_error" and reward 0. "budget_exhausted" (as in the native loop) when
+the endpoint refused a call for lack of token budget, a reply hit the length limit, or the agent
+ended the run right after the model asked for tools (stop reason "max_assistant_turns").
+A client-side transport error (connection refused or dropped, a client timeout: the agent could
+not reach our endpoint) is an infrastructure failure "endpoint_unreachable". A run that makes no
+call is an infrastructure failure "agent_no_calls" (nothing to train on). A timeout (agent.timeout) is an
 infrastructure failure "agent_timeout": a hung agent is usually waiting on something outside
 the model.
 """
@@ -52,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["AgentFunctionLoop", "load_entrypoint"]
 
-_BUDGET = ("response_budget", "engine_length")
+_BUDGET = ("response_budget", "engine_length", "max_assistant_turns")
 
 
 def load_entrypoint(spec: str) -> Callable[..., Any]:
@@ -77,6 +80,21 @@ def load_entrypoint(spec: str) -> Callable[..., Any]:
     if not inspect.iscoroutinefunction(fn):
         raise ValueError(f"actor_rollout_ref.rollout.agent.entrypoint={spec!r} must name an async function")
     return fn
+
+
+# Client-side failures to reach or hear back from the endpoint (httpx / openai class names, without importing them)
+_TRANSPORT = {"APIConnectionError", "APITimeoutError", "ConnectError", "ConnectTimeout", "ReadTimeout", "WriteTimeout",
+              "PoolTimeout", "ReadError", "WriteError", "RemoteProtocolError", "LocalProtocolError"}  # fmt: skip
+
+
+def _transport_error(e: BaseException | None) -> bool:
+    """Did the agent fail because it could not talk to our endpoint (an infrastructure failure)?"""
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, (ConnectionError, TimeoutError)) or type(e).__name__ in _TRANSPORT:
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 
 def sample_dict(sample: Sample) -> dict[str, Any]:
@@ -104,7 +122,13 @@ class AgentFunctionLoop:
             max_prompt_length=max_prompt_length, max_response_length=max_response_length,
         )  # fmt: skip
         self._takes_model = "model" in inspect.signature(self.fn).parameters
+        for name in ("httpx", "httpx2"):  # HTTP clients log every request at INFO: thousands of lines per step
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
         self.counts: Counter[str] = Counter()  # proxy/<name>, cumulative over runs
+        self._loop: Any = None
+        self._users = 0
+        self._lock: Any = None
 
     def metrics(self) -> dict[str, float]:
         return {f"proxy/{k}": float(v) for k, v in sorted(self.counts.items())}
@@ -115,7 +139,7 @@ class AgentFunctionLoop:
             raise ValueError(f"AgentFunctionLoop.run: n must be >= 1, got {n}")
         limit = asyncio.Semaphore(self.cfg.max_concurrency or len(samples) * n or 1)
         self.server.policy_version = self.policy_version
-        await self.server.start()
+        await self._serve()
         try:
             jobs = []
             for i, sample in enumerate(samples):
@@ -124,8 +148,25 @@ class AgentFunctionLoop:
                     jobs.append(self._limited(limit, sample, sp))
             runs = await asyncio.gather(*jobs)
         finally:
-            await self.server.stop()
+            await self._unserve()
         return RolloutBatch(trajectories=[t for run in runs for t in run])
+
+    async def _serve(self) -> None:
+        """Start the endpoint for the first of the concurrent `run` calls (the trainer's rollout stream
+        overlaps them); the last one to finish stops it."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (asyncio.run per call): the old server died with its loop
+            self._loop, self._users, self._lock = loop, 0, asyncio.Lock()
+        async with self._lock:
+            if self._users == 0:
+                await self.server.start()
+            self._users += 1
+
+    async def _unserve(self) -> None:
+        async with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                await self.server.stop()
 
     async def _limited(self, limit: asyncio.Semaphore, sample: Sample, sp: SamplingParams) -> list[Trajectory]:
         async with limit:
@@ -144,6 +185,8 @@ class AgentFunctionLoop:
             rec.infra = rec.infra or ("agent_timeout", f"the agent ran over agent.timeout={self.cfg.timeout} s")
         except Exception as e:  # the agent's own failure, unless our endpoint failed first (rec.infra)
             agent_error = f"{type(e).__name__}: {e}"
+            if rec.infra is None and _transport_error(e):
+                rec.infra = ("endpoint_unreachable", agent_error)
             logger.info("agent run for %s raised: %s", sample.uid, agent_error)
         finally:
             await self.server.close_session(rec.sid)
@@ -167,6 +210,8 @@ class AgentFunctionLoop:
                              num_tool_calls=float(rec.counts["tool_calls"]) if i == len(segs) - 1 else 0.0,
                              **{f"proxy/{k}": float(v) for k, v in rec.counts.items()})  # fmt: skip
         last = segs[-1]
+        if rec.stop_reason is None and rec.segments and rec.segments[-1].history[-1].tool_calls:
+            rec.stop_reason = "max_assistant_turns"  # the agent ended the run while the model still called tools
         last.stop_reason = rec.stop_reason or "end_of_turn"  # type: ignore[assignment]
         if rec.infra is None and not rec.segments:
             rec.infra = ("agent_no_calls", agent_error or "the agent made no successful model call")

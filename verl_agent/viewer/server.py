@@ -89,6 +89,5 @@ def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8265) -> None:
     import uvicorn
 
     run = Run(path)
-    log.info("verl-agent view: http://%s:%d/ (run %s)", host, port, run.run_dir)
     print(f"verl-agent view: serving {run.run_dir} at http://{host}:{port}/  (Ctrl-C to stop)", flush=True)
     uvicorn.run(create_app(run), host=host, port=port, log_level="warning")
