@@ -5,6 +5,9 @@ A trajectory counts as a success when its reward is at least `SUCCESS_THRESHOLD`
 trajectory (`TrajectorySummary`), so the trainer's workers send summaries, not
 trajectories, to the driver.
 
+Namespaced trajectory metrics (a "/" in the name, e.g. `proxy/history_rewrites`) are summed
+over the batch as `rollout/<name>`.
+
 Outcomes: `rollout/infra_failed` is the share of infrastructure failures and
 `rollout/infra_failed/<cause>` their count per cause; `rollout/policy_failed/<cause>`
 counts the model's own failures; `rollout/filtered` counts prompts dropped as overlong.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Trajectory
 
@@ -40,6 +43,7 @@ class TrajectorySummary:
     model_tokens: int
     seconds: float
     oldest_version: int = 0
+    extra: dict[str, float] = field(default_factory=dict)  # namespaced per-trajectory metrics, e.g. proxy/*, agent/*
 
     @classmethod
     def of(cls, t: Trajectory) -> TrajectorySummary:
@@ -49,7 +53,8 @@ class TrajectorySummary:
                    num_tool_calls=float(m.get("num_tool_calls", 0.0)),
                    num_tool_errors=float(m.get("num_tool_errors", 0.0)), response_length=len(t.response_ids),
                    prompt_length=len(t.prompt_ids), model_tokens=t.num_model_tokens,
-                   seconds=float(m.get("seconds", 0.0)), oldest_version=t.oldest_version)  # fmt: skip
+                   seconds=float(m.get("seconds", 0.0)), oldest_version=t.oldest_version,
+                   extra={k: float(v) for k, v in m.items() if "/" in k and isinstance(v, (int, float))})  # fmt: skip
 
 
 def _stats(prefix: str, values: list[float]) -> dict[str, float]:
@@ -92,4 +97,6 @@ def summarize(trajectories: RolloutBatch | Iterable[Trajectory | TrajectorySumma
     out.update(_stats("rollout/seconds", [t.seconds for t in trajs]))
     for reason, count in Counter(t.stop_reason for t in trajs).items():
         out[f"rollout/stop/{reason}"] = count / n
+    for key in sorted({k for t in trajs for k in t.extra}):  # e.g. proxy/history_rewrites: totals over the batch
+        out[f"rollout/{key}"] = sum(t.extra.get(key, 0.0) for t in trajs)
     return out
