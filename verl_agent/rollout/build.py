@@ -23,6 +23,7 @@ from verl_agent.config import (
 from verl_agent.protocol import Sample, Trajectory
 from verl_agent.rollout.agent_loop import AgentLoop
 from verl_agent.rollout.engine import Engine, SamplingParams
+from verl_agent.rollout.stream import PausableEngine
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +156,8 @@ def build_rollout(cfg: RunConfig, model: Any = None, device: str | None = None, 
     arr = cfg.actor_rollout_ref
     import_external_lib(arr.model)
     model = model if model is not None else resolve_model_path(arr.model.path)
-    engine = build_engine(arr.rollout, model, device or pick_device(cfg.trainer), seed, own_server)
+    # gated, so that a trainer can pause generation between turns to swap weights (rollout/stream.py)
+    engine = PausableEngine(build_engine(arr.rollout, model, device or pick_device(cfg.trainer), seed, own_server))
     tokenizer = load_tokenizer(arr.model)
     reward_fn = build_reward(cfg.data, cfg.custom_reward_function)
     return RolloutParts(engine, tokenizer, build_agent_loop(arr.rollout, cfg.data, engine, tokenizer, reward_fn),

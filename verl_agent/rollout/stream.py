@@ -21,6 +21,7 @@ instead lets every started trajectory finish under the old weights first and hol
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,27 +35,39 @@ __all__ = ["Group", "PausableEngine", "RolloutStream"]
 
 
 class PausableEngine:
-    """Wraps an Engine: generate calls pass a gate, and `pause()` returns once none is in flight."""
+    """Wraps an Engine: generate calls pass a gate, and `pause()` returns once none is in flight.
+
+    Sessions pass through to engines that take them (and are dropped for those that do not),
+    so the wrapper is transparent to agent loops and to the OpenAI endpoint.
+    """
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
+        self._sessions = "session" in inspect.signature(engine.generate).parameters
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
         self._inflight = 0
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, **kwargs: Any) -> Any:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None) -> Any:
         while not self._open.is_set():
             await self._open.wait()
         self._inflight += 1
         self._idle.clear()
         try:
-            return await self.engine.generate(prompt_ids, sampling, **kwargs)
+            if self._sessions and session is not None:
+                return await self.engine.generate(prompt_ids, sampling, session=session)
+            return await self.engine.generate(prompt_ids, sampling)
         finally:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+
+    async def release_session(self, session: str) -> None:
+        release = getattr(self.engine, "release_session", None)
+        if self._sessions and release is not None:
+            await release(session)
 
     async def pause(self) -> None:
         self._open.clear()
@@ -63,7 +76,7 @@ class PausableEngine:
     def resume(self) -> None:
         self._open.set()
 
-    def __getattr__(self, name: str) -> Any:  # update_weights, sleep, wake_up, close, metrics, release_session...
+    def __getattr__(self, name: str) -> Any:  # update_weights, sleep, wake_up, close, metrics, start...
         return getattr(self.engine, name)
 
 
@@ -96,7 +109,7 @@ class RolloutStream:
 
     def __init__(self, agent: Any) -> None:
         self.agent = agent
-        if not isinstance(agent.engine, PausableEngine):
+        if not isinstance(agent.engine, PausableEngine):  # build_rollout wraps it already; tests may not
             agent.engine = PausableEngine(agent.engine)
         self.engine: PausableEngine = agent.engine
         self.ready: list[Group] = []
