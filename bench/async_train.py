@@ -79,7 +79,8 @@ def _setup(args: argparse.Namespace, tmp: Path) -> list[str]:
     data = tmp / "train.jsonl"
     with data.open("w") as f:
         for i in range(args.batch * (args.steps + 4)):
-            f.write(json.dumps({"prompt": f"Tell me something about the number {i}.", "answer": str(i)}) + "\n")
+            f.write(json.dumps({"prompt": f"Tell me something about the number {i}.", "answer": str(i),
+                                "extra_info": {"interaction_kwargs": {"name": "slow"}}}) + "\n")
     inter = tmp / "interaction.yaml"
     inter.write_text(json.dumps({"interaction": [{"name": "slow", "class_name": f"{Path(__file__).resolve()}:SlowEnvironment",
                                                   "config": {"turns": args.turns, "latency": args.latency}}]}))
