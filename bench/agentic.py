@@ -33,13 +33,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
 SHAPES = {
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True},
+    "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False},
 }  # fmt: skip
 
 
@@ -51,7 +51,10 @@ class Trajectory:
 
 def workload(n: int, a: argparse.Namespace, vocab: int, seed: int) -> list[Trajectory]:
     rng = random.Random(seed)
-    ids = lambda k: [rng.randrange(3, vocab) for _ in range(k)]  # noqa: E731
+
+    def ids(k: int) -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(k)]
+
     out = []
     for _ in range(n):
         turns = []
@@ -107,7 +110,7 @@ async def engine_row(model, row: str, trajs, warm, a) -> dict[str, float]:
     from verl_agent.rollout.hf_engine import HFEngine
 
     max_len = a.prompt_len + a.max_turns * (a.turn_max + a.tool_max)
-    kw = dict(device=a.device, stop_on_eos=False, max_batch_size=a.slots, seed=0)
+    kw = {"device": a.device, "stop_on_eos": False, "max_batch_size": a.slots, "seed": 0}
     if row == "batch":
         engine = HFEngine(model, scheduler="batch", **kw)
     else:

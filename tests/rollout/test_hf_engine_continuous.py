@@ -168,3 +168,70 @@ def test_slot_table_lru_and_release():
     t.park("a", 0, [1, 2, 3], 2)  # "a" is now the most recently used
     assert t.take_free() == 1 and t.evicted == 1  # evicts "b"
     assert t.release("a") and not t.release("a") and t.take_free() == 0
+
+
+async def test_running_sequences_are_packed_into_the_lowest_slots(small_model):
+    """Idle sessions keep K/V in low slots; a running sequence is swapped below them, and every session's
+    K/V moves with it: later turns still reuse it and still equal a full prefill."""
+    sp = SamplingParams(temperature=0.0, max_new_tokens=5)
+    e, fresh = engine(small_model, max_num_seqs=8), engine(small_model)
+    prompts = [[10 + i, 20 + i, 30 + i] for i in range(6)]
+    firsts = await asyncio.gather(*(e.generate(p, sp, session=f"s{i}") for i, p in enumerate(prompts)))
+    ctx = [p + o.token_ids + TOOL for p, o in zip(prompts, firsts)]
+    for i in (5, 0, 3):  # one at a time: each runs alone, so it is moved to slot 0
+        got = await e.generate(ctx[i], sp, session=f"s{i}")
+        assert got.token_ids == (await fresh.generate(ctx[i], sp)).token_ids
+    m = e.metrics()
+    assert m["engine/slot_swaps"] >= 2 and m["engine/sessions_reused"] == 3
+    await e.close()
+    await fresh.close()
+
+
+def test_prefill_chunks_stay_within_the_token_budget_and_cover_every_prompt():
+    from verl_agent.rollout.scheduler import Scheduler
+    from verl_agent.rollout.sequence import Seq, SeqState
+
+    loop = asyncio.new_event_loop()
+    sched = Scheduler(n_slots=3, max_num_batched_tokens=64)
+    lengths = [10, 50, 30, 100, 5, 64]
+    seqs = [Seq(list(range(n)), SamplingParams(), max_new=4, stops=frozenset(), future=loop.create_future(),
+                loop=loop) for n in lengths]  # fmt: skip
+    for s in seqs:
+        sched.add(s)
+    steps = 0
+    while any(s.state is not SeqState.DECODE for s in seqs):
+        chunks = sched.schedule_prefill()
+        assert chunks and len(chunks) * max(b - a for _, a, b in chunks) <= 64
+        for s, a, b in chunks:
+            assert a == s.n_cached < b <= len(s.prompt)
+            s.n_cached = b
+            if b == len(s.prompt):
+                s.state = SeqState.DECODE
+                sched.finish(s)  # frees the slot for the next waiting prompt
+        steps += 1
+    assert steps <= 8 and [s.n_cached for s in seqs] == lengths
+    loop.close()
+
+
+def test_waiting_tokens_count_only_what_a_session_must_prefill():
+    from verl_agent.rollout.scheduler import Scheduler
+    from verl_agent.rollout.sequence import Seq
+
+    loop = asyncio.new_event_loop()
+    sched = Scheduler(n_slots=2, max_num_batched_tokens=64)
+
+    def seq(prompt, session):
+        return Seq(prompt, SamplingParams(), 4, frozenset(), loop.create_future(), loop, session=session)
+
+    sched.table.park("s", sched.table.take_free(), [1, 2, 3, 4, 5], 4)  # K/V of 4 tokens kept for "s"
+    sched.add(seq([1, 2, 3, 4, 5, 6, 7], "s"))  # extends: 3 tokens to prefill
+    sched.add(seq([9, 9, 9], "s"))  # would not extend (estimated before the first one runs): 3
+    sched.add(seq([8] * 10, None))
+    assert sched.waiting_tokens == 3 + 3 + 10 == sched.ready_tokens()
+    chunks = sched.schedule_prefill()
+    assert [(a, b) for _, a, b in chunks] == [(4, 7), (0, 3)]  # the 2nd "s" request runs without reuse
+    assert sched.waiting_tokens == 10 and sched.ready_tokens() == 16  # the two admitted are not written yet
+    for s, _, b in chunks:
+        s.n_cached = b
+    assert sched.ready_tokens() == 10  # no slot left for the third
+    loop.close()

@@ -12,6 +12,7 @@ can never fit in a KV slot is refused in `generate` before it is queued.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from verl_agent.rollout.engine import SamplingParams
 from verl_agent.rollout.kv_pool import KVBudget
 from verl_agent.rollout.model_runner import ModelRunner
 from verl_agent.rollout.sampling import RowParams, sample
@@ -28,6 +30,13 @@ from verl_agent.rollout.scheduler import Chunk, Scheduler
 from verl_agent.rollout.sequence import Seq, SeqState
 
 logger = logging.getLogger(__name__)
+
+
+PREFILL_PACING = 2.0  # decode time between prefill chunks, in units of the last chunk's duration
+
+
+class KVCacheOverflowError(ValueError):
+    """A request can never fit in one KV slot (its prompt is longer than a slot holds)."""
 
 
 def _row_params(seqs: list[Seq | None], device: torch.device) -> RowParams:
@@ -62,9 +71,31 @@ class ContinuousBatcher:
         self._decode_s_since_prefill = 0.0
         self.counters: dict[str, float] = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "decode_steps": 0,
                          "prefill_chunks": 0, "decode_rows": 0, "failed_requests": 0,
-                         "prefill_s": 0.0, "decode_s": 0.0}  # fmt: skip
+                         "prefill_s": 0.0, "decode_s": 0.0, "slot_swaps": 0}  # fmt: skip
 
     # -- event-loop side -----------------------------------------------------------------------------------
+    def make_seq(
+        self, prompt: list[int], sampling: SamplingParams, session: str | None, eos: set[int],
+        loop: asyncio.AbstractEventLoop,
+    ) -> Seq:  # fmt: skip
+        """A request ready to submit; refuses one whose prompt can never fit in a slot."""
+        b = self.budget
+        if len(prompt) > b.length:
+            raise KVCacheOverflowError(
+                f"HFEngine.generate: a prompt of {len(prompt)} tokens cannot fit in a KV slot of {b.length} tokens "
+                f"({b.describe()}); raise rollout.max_model_len or rollout.gpu_memory_utilization, "
+                f"or lower rollout.max_num_seqs"
+            )
+        gen = None
+        if sampling.seed is not None and sampling.temperature > 0:
+            gen = torch.Generator(device=self.runner.device)
+            gen.manual_seed(int(sampling.seed))
+        return Seq(
+            prompt, sampling, max_new=min(sampling.max_new_tokens, b.length - len(prompt) + 1),
+            stops=frozenset(set(sampling.stop_token_ids) | eos), future=loop.create_future(), loop=loop,
+            session=session, generator=gen,
+        )  # fmt: skip
+
     def submit(self, item: Seq | tuple[str, str], executor: Executor) -> None:
         with self._lock:
             self._inbox.append(item)
@@ -103,12 +134,19 @@ class ContinuousBatcher:
         """At most one prefill chunk, then one decode step.
 
         Pacing: while sequences are decoding, a prefill chunk runs only once the decode time since the
-        last chunk has reached that chunk's duration, so prefills take at most about half of the busy
-        time. An eager prefill forward costs as much host time as tens of replayed decode steps on a
-        GPU; waiting a few steps lets arrivals share one chunk. On CPU the two cost about the same and
-        a chunk runs every step or two."""
+        last chunk has reached PREFILL_PACING x that chunk's duration, so prefills take at most about a
+        third of the busy time. On the H200 a prefill chunk cost about 100 ms whatever its size (eager
+        forward; measured 2026-12-03), as much as 12-16 decode steps: waiting lets arrivals share one
+        chunk. A chunk also runs at once when nothing is decoding (a lone request is not delayed) or
+        when a full chunk (`max_num_batched_tokens`) is waiting (a burst is not spread out)."""
+        swaps = self.sched.compact(self.runner.rows_bucket)
+        if swaps:
+            self.runner.ensure_pool().swap(swaps)
+            self.counters["slot_swaps"] += len(swaps)
         decoding = self.sched.decoding()
-        if self.sched.wants_prefill() and (not decoding or self._decode_s_since_prefill >= self._last_prefill_s):
+        due = self._decode_s_since_prefill >= PREFILL_PACING * self._last_prefill_s
+        due = due or self.sched.ready_tokens() >= self.sched.budget
+        if self.sched.wants_prefill() and (not decoding or due):
             chunks = self.sched.schedule_prefill()
             if chunks:
                 self._prefill(chunks)

@@ -27,31 +27,28 @@ import asyncio
 import functools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from verl_agent.rollout.continuous import ContinuousBatcher
+from verl_agent.rollout.continuous import ContinuousBatcher, KVCacheOverflowError
 from verl_agent.rollout.decoding import DecodeSettings, StaticState, decode_batch
 from verl_agent.rollout.engine import GenerateOutput, SamplingParams
-from verl_agent.rollout.kv_pool import KVBudget, plan_budget
-from verl_agent.rollout.sequence import Seq
+from verl_agent.rollout.kv_pool import plan_budget
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HFEngine", "EngineClosedError", "KVCacheOverflowError"]
+__all__ = ["EngineClosedError", "HFEngine", "KVCacheOverflowError"]
 
 
 class EngineClosedError(RuntimeError):
     """generate() was called after close()."""
 
 
-class KVCacheOverflowError(ValueError):
-    """A request can never fit in one KV slot (its prompt is longer than a slot holds)."""
 
 
 @dataclass
@@ -254,26 +251,10 @@ class HFEngine:
     # -- internals ------------------------------------------------------------------------------
     async def _generate_continuous(self, prompt: list[int], sampling: SamplingParams, session: str | None):
         assert self._batcher is not None
-        budget: KVBudget = self._batcher.budget
-        if len(prompt) > budget.length:
-            raise KVCacheOverflowError(
-                f"HFEngine.generate: a prompt of {len(prompt)} tokens cannot fit in a KV slot of {budget.length} "
-                f"tokens ({budget.describe()}); raise rollout.max_model_len or rollout.gpu_memory_utilization, "
-                f"or lower rollout.max_num_seqs"
-            )
-        stops = set(sampling.stop_token_ids) | (set(self.settings.eos_token_ids) if self.settings.stop_on_eos else set())
-        gen = None
-        if sampling.seed is not None and sampling.temperature > 0:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(int(sampling.seed))
-        loop = asyncio.get_running_loop()
-        seq = Seq(
-            prompt, sampling, max_new=min(sampling.max_new_tokens, budget.length - len(prompt) + 1),
-            stops=frozenset(stops), future=loop.create_future(), loop=loop, session=session, generator=gen,
-        )  # fmt: skip
+        stops = set(self.settings.eos_token_ids) if self.settings.stop_on_eos else set()
+        seq = self._batcher.make_seq(prompt, sampling, session, stops, asyncio.get_running_loop())
         self._batcher.submit(seq, self._executor)
         return await seq.future
-
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

@@ -49,8 +49,27 @@ def slot_attention(module: Any, query, key, value, attention_mask, scaling=None,
         return out.reshape(b, h, 1, d).transpose(1, 2), None
     if group > 1:  # prefill chunk: K/V are small next to the T x kv_len mask, so expand them
         key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
+    with _prefill_backends(query):
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _prefill_backends(query: torch.Tensor) -> contextlib.AbstractContextManager:
+    """On CUDA, prefill chunks use the memory-efficient kernel, never cuDNN's.
+
+    Measured on the H200 (bench/agentic.py, 0.5B shape, 2026-12-03): a prefill
+    chunk cost about 100 ms whether it held 1.5k or 5k tokens, several times
+    its FLOPs. Suspected cause, not yet confirmed by a profile: torch 2.11
+    picks cuDNN attention for masked SDPA on Hopper (pytorch/pytorch#196678
+    calls it the default backend there) and cuDNN builds an execution plan per
+    new shape, while prefill chunks change shape at nearly every call. Decode
+    steps keep the default: their shapes are fixed and captured in CUDA graphs.
+    Profile the next GPU run with and without this and keep the faster."""
+    if not query.is_cuda:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _register() -> None:
@@ -112,10 +131,10 @@ def device_memory_bytes(device: torch.device) -> int:
 def plan_budget(
     model: Any, max_num_seqs: int, max_len: int, gpu_memory_utilization: float, kv_cache_bytes: int | None = None
 ) -> KVBudget:
-    """Size the pool: `gpu_memory_utilization` of the device's memory, minus the weights and a reserve for
-    activations and logits, is the KV budget (or `kv_cache_bytes` when given). Slots get `max_len` tokens
-    each; when fewer than `max_num_seqs` such slots fit, there are fewer slots; when not even one fits,
-    one slot holds what the budget allows."""
+    """Size the pool. The KV budget is `kv_cache_bytes`, or `gpu_memory_utilization` of the device's memory
+    minus the weights and a reserve for activations and logits (on CUDA, at most what is free now).
+    Slots get `max_len` tokens each; when fewer than `max_num_seqs` such slots fit, there are fewer
+    slots; when not even one fits, one slot holds what the budget allows."""
     param = next(model.parameters())
     bpt = kv_bytes_per_token(model.config, param.dtype)
     if kv_cache_bytes is None:
@@ -123,6 +142,8 @@ def plan_budget(
         vocab = int(model.get_input_embeddings().weight.shape[0])
         reserve = 2**30 + max_num_seqs * vocab * 16  # activations, float logits and sampling temporaries
         kv_cache_bytes = int(gpu_memory_utilization * device_memory_bytes(param.device)) - weights - reserve
+        if param.device.type == "cuda":  # never more than is free now (a colocated actor holds memory too)
+            kv_cache_bytes = min(kv_cache_bytes, int(torch.cuda.mem_get_info(param.device)[0]) - reserve)
     tokens = max(0, kv_cache_bytes) // bpt
     if tokens < 2:
         raise ValueError(
@@ -151,16 +172,26 @@ class SlotKVPool:
         layers, kv_heads, head_dim = _shape(config)
         self.slots, self.length, self.scratch = slots, length, length
         shape = (slots, kv_heads, length + 1, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        # Columns are zeroed on first use (`plan`), so host RAM is committed only as far as sequences reach;
+        # attention reads masked columns too, and uninitialised memory could hold NaN, which masks keep.
+        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self._clean = 0  # columns [0, _clean) of every slot hold zeros or written K/V
         self._all_rows = torch.arange(slots, device=device)
         self.rows: torch.Tensor | None = None
         self.write_pos: torch.Tensor | None = None
         self.kv_len = length
 
     def plan(self, write_pos: torch.Tensor, kv_len: int, rows: torch.Tensor | None = None) -> None:
-        assert kv_len <= self.length, (kv_len, self.length)
+        assert kv_len <= self._clean, f"call ensure_clean({kv_len}) before the forward (outside graph capture)"
         self.write_pos, self.kv_len, self.rows = write_pos, kv_len, rows
+
+    def ensure_clean(self, kv_len: int) -> None:
+        """Zero the columns [.., kv_len) never used so far, in every slot."""
+        if kv_len > self._clean:
+            for t in (*self.k, *self.v):
+                t[:, :, self._clean : kv_len].zero_()
+            self._clean = kv_len
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         """transformers' cache hook: store this forward's K/V [B, H, T, D], return the visible K/V."""
@@ -173,6 +204,13 @@ class SlotKVPool:
         if self.rows is None:
             return k_all[:b, :, : self.kv_len], v_all[:b, :, : self.kv_len]
         return k_all[self.rows, :, : self.kv_len], v_all[self.rows, :, : self.kv_len]
+
+    def swap(self, pairs: list[tuple[int, int]]) -> None:
+        """Exchange the K/V of slot pairs (a, b), all layers."""
+        src = torch.tensor([i for a, b in pairs for i in (a, b)], device=self._all_rows.device)
+        dst = torch.tensor([i for a, b in pairs for i in (b, a)], device=self._all_rows.device)
+        for t in (*self.k, *self.v):
+            t[dst] = t[src]
 
     # Answers for transformers code that asks a cache about itself (unused with explicit positions and masks).
     def get_seq_length(self, layer_idx: int = 0) -> int:

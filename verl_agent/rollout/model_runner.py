@@ -59,6 +59,8 @@ class ModelRunner:
         return min(self.budget.slots, max(self.min_rows, _pow2(n)))
 
     def kv_bucket(self, n: int) -> int:
+        if not self.cuda_graphs:  # no graphs to reuse: only round to a multiple of 64
+            return min(self.budget.length, -(-n // 64) * 64)
         return min(self.budget.length, max(self.min_kv, _pow2(n)))
 
     # -- forwards --------------------------------------------------------------------------------------
@@ -89,6 +91,7 @@ class ModelRunner:
         kv_len = self.kv_bucket(max(start + len(toks) for _, toks, start in chunks))
         dev = host.to(self.device, non_blocking=True)
         slots = torch.tensor([s for s, _, _ in chunks], dtype=torch.long).to(self.device, non_blocking=True)
+        pool.ensure_clean(kv_len)
         mask = self._mask(self.kv_arange[:kv_len][None, None, :] <= dev[1][:, :, None])  # left pads see column 0
         pool.plan(dev[2], kv_len, rows=slots)
         with slot_attention_enabled(self.model):
@@ -97,8 +100,9 @@ class ModelRunner:
     @torch.no_grad()
     def decode(self, rows: int, ids: list[int], positions: list[int], active: list[int]) -> torch.Tensor:
         """One token for each of rows 0..rows-1 (inactive rows: pad, scratch column); returns logits [rows, V]."""
-        self.ensure_pool()
+        pool = self.ensure_pool()
         kv_len = self.kv_bucket(max(positions) + 1)
+        pool.ensure_clean(kv_len)
         self.buf[:, :rows].copy_(torch.tensor([ids, positions, active], dtype=torch.long), non_blocking=True)
         if not self.cuda_graphs:
             with slot_attention_enabled(self.model):
@@ -130,9 +134,10 @@ class ModelRunner:
                     self._decode_forward(rows, kv_len)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.mempool):
+                # thread_local: the trainer's thread keeps launching its own kernels (async modes) while we capture
+                with torch.cuda.graph(graph, pool=self.mempool, capture_error_mode="thread_local"):
                     out = self._decode_forward(rows, kv_len)
-        except Exception:  # noqa: BLE001 - a model whose forward cannot be captured still runs, eagerly
+        except Exception:
             logger.exception("CUDA graph capture of the decode step failed; decoding eagerly from now on")
             self.cuda_graphs = False
             return None
@@ -144,7 +149,7 @@ class ModelRunner:
         """Capture every decode bucket now (largest first, so the smaller ones reuse its memory)."""
         if not self.cuda_graphs:
             return 0
-        self.ensure_pool()
+        self.ensure_pool().ensure_clean(self.budget.length)
         self.buf.zero_()  # all rows idle: warm-up runs write only the scratch column
         rows = sorted({self.rows_bucket(1 << i) for i in range(self.budget.slots.bit_length() + 1)}, reverse=True)
         lens = sorted({self.kv_bucket(1 << i) for i in range(self.budget.length.bit_length() + 1)}, reverse=True)

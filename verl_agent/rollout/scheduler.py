@@ -16,7 +16,7 @@ tokens whose K/V are already there are counted in `prefill_tokens_saved`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from verl_agent.rollout.sequence import Seq, SeqState
 from verl_agent.rollout.slots import SlotTable
@@ -31,12 +31,22 @@ class Scheduler:
         self.table = SlotTable(n_slots)
         self.budget = max_num_batched_tokens
         self.waiting: deque[Seq] = deque()
+        self.waiting_tokens = 0  # sum of est_prefill over `waiting`
         self.running: dict[int, Seq] = {}  # slot -> sequence in PREFILL or DECODE
         self._release_when_done: set[str] = set()
         self.counters = {"prefill_tokens_saved": 0, "sessions_reused": 0, "sessions_reset": 0}
 
     def add(self, seq: Seq) -> None:
+        entry = self.table.peek_session(seq.session) if seq.session is not None else None
+        reusable = entry.n_cached if entry is not None and seq.prompt[: len(entry.tokens)] == entry.tokens else 0
+        seq.est_prefill = len(seq.prompt) - reusable  # an estimate: the session may be evicted before admission
+        self.waiting_tokens += seq.est_prefill
         self.waiting.append(seq)
+
+    def ready_tokens(self) -> int:
+        """Prompt tokens waiting to be prefilled (estimated for sessions), partially prefilled ones included."""
+        partial = sum(len(s.prompt) - s.n_cached for s in self.running.values() if s.state is SeqState.PREFILL)
+        return self.waiting_tokens + partial
 
     def wants_prefill(self) -> bool:
         return bool(self.waiting) or any(s.state is SeqState.PREFILL for s in self.running.values())
@@ -45,8 +55,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def release(self, session: str) -> None:
-        if not self.table.release(session) and session in self.table.busy_sessions:
-            self._release_when_done.add(session)
+        if self.table.release(session):
+            return
+        if session in self.table.busy_sessions or any(s.session == session for s in self.waiting):
+            self._release_when_done.add(session)  # freed when its request ends
 
     def schedule_prefill(self) -> list[Chunk]:
         """Admit what fits and carve this step's prefill chunk."""
@@ -67,11 +79,11 @@ class Scheduler:
         while self.waiting:
             seq = self.waiting[0]
             if seq.future.done():  # cancelled while waiting
-                self.waiting.popleft()
+                self.waiting_tokens -= self.waiting.popleft().est_prefill
                 continue
             if not self._admit(seq):
                 return
-            self.waiting.popleft()
+            self.waiting_tokens -= self.waiting.popleft().est_prefill
             yield seq
 
     def _admit(self, seq: Seq) -> bool:
@@ -97,6 +109,24 @@ class Scheduler:
         self.running[seq.slot] = seq
         return True
 
+    def compact(self, bucket: Callable[[int], int]) -> list[tuple[int, int]]:
+        """Move running sequences into the lowest slots, so that a decode step covers `bucket(len(running))`
+        rows rather than up to the highest slot an idle session left them in. Returns the (from, to) slot
+        pairs whose K/V the caller must swap; whatever held `to` (free or an idle session) now holds `from`."""
+        target = bucket(len(self.running)) if self.running else 0
+        movers = [s for s in self.running.values() if s.slot >= target]
+        if not movers:
+            return []
+        holes = [j for j in range(target) if j not in self.running]
+        swaps = []
+        for seq, hole in zip(movers, holes):
+            self.table.move(hole, seq.slot)
+            del self.running[seq.slot]
+            swaps.append((seq.slot, hole))
+            seq.slot = hole
+            self.running[hole] = seq
+        return swaps
+
     def decoding(self) -> list[Seq]:
         return [s for s in self.running.values() if s.state is SeqState.DECODE]
 
@@ -119,6 +149,7 @@ class Scheduler:
         """Remove and return every waiting and running sequence (engine shutdown or a failed step)."""
         seqs = list(self.waiting) + list(self.running.values())
         self.waiting.clear()
+        self.waiting_tokens = 0
         for seq in list(self.running.values()):
             self.finish(seq, keep_session=False)
         return seqs

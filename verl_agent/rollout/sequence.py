@@ -34,6 +34,7 @@ class Seq:
     state: SeqState = SeqState.WAITING
     slot: int = -1
     n_cached: int = 0
+    est_prefill: int = 0  # prompt tokens expected to need a prefill (set when queued)
     out_ids: list[int] = field(default_factory=list)
     out_lps: list[float] = field(default_factory=list)
     submitted: float = field(default_factory=time.perf_counter)

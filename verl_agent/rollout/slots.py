@@ -37,6 +37,10 @@ class SlotTable:
             self.busy_sessions.add(session)
         return entry
 
+    def peek_session(self, session: str) -> IdleSession | None:
+        """The session's idle entry, without claiming it."""
+        return self._idle.get(session)
+
     def take_free(self) -> int | None:
         """A free slot, evicting the least recently used idle session if needed; None when all are running."""
         if not self._free and self._idle:
@@ -65,6 +69,16 @@ class SlotTable:
             return False
         heapq.heappush(self._free, entry.slot)
         return True
+
+    def move(self, slot: int, to: int) -> None:
+        """Whatever holds `slot` (free, or an idle session) holds `to` instead (its K/V are swapped by the caller)."""
+        if slot in self._free:
+            self._free.remove(slot)
+            self._free.append(to)
+            heapq.heapify(self._free)
+            return
+        entry = next(e for e in self._idle.values() if e.slot == slot)
+        entry.slot = to
 
     def drop_idle(self) -> None:
         """Forget every idle session (after a weight update their K/V belong to the old policy)."""
