@@ -126,10 +126,19 @@ async def test_code_interpreter_tool(process_server):
 
 
 async def test_tool_reports_unreachable_sandbox():
+    """A sandbox that is down is an infrastructure failure (never the model's reward), not a tool message."""
+    from verl_agent.protocol import ToolCall
+    from verl_agent.tools import ToolSession
+    from verl_agent.tools.errors import ToolUnavailable
+
     tool = SandboxFusionTool({"sandbox_fusion_url": "http://127.0.0.1:9"})
     tool.client.limits = ClientLimits(max_retries=0)
-    text, _, metrics = await tool.execute(await tool.create(), {"code": "print(1)"})
-    assert text.text.startswith("Error: the sandbox is unavailable") and metrics["status"] == "unavailable"
+    with pytest.raises(ToolUnavailable, match="the sandbox is unavailable") as e:
+        await tool.execute(await tool.create(), {"code": "print(1)"})
+    assert e.value.cause == "sandbox_unavailable"
+    async with ToolSession({"code_interpreter": tool}) as session:  # how the agent loop sees it
+        result = await session.call(ToolCall("code_interpreter", {"code": "print(1)"}))
+    assert not result.ok and result.infra == "sandbox_unavailable"
 
 
 async def test_code_reward_stdio_and_function_cases(process_server):

@@ -83,14 +83,16 @@ class SandboxFusionTool(BaseTool):
         except SandboxUnavailable as e:  # the server is down or overloaded: not the model's doing
             raise ToolUnavailable(f"the sandbox is unavailable ({e})", cause="sandbox_unavailable") from e
         run = resp.run_result or resp.compile_result
-        if resp.status.value == "SandboxError":  # the sandbox itself failed (the code's own failures are "Failed")
+        # "SandboxError" = the sandbox itself failed (the code's own failures are "Failed"), except for a
+        # language it does not run: that one is the model's choice, and the model is told so.
+        if resp.status.value == "SandboxError" and not (resp.message or "").startswith("unknown language"):
             raise ToolUnavailable(f"sandbox error: {resp.message or 'no message'}", cause="sandbox_error")
         metrics = {"status": resp.status.value, "run_status": run.status.value if run else None,
                    "execution_time": run.execution_time if run else None}
         return ToolResponse(text=self._format(resp, run)), 0.0, metrics
 
     def _format(self, resp, run) -> str:
-        if run is None:
+        if resp.status.value == "SandboxError" or run is None:
             return f"Error: sandbox error: {resp.message or 'no result'}"
         if resp.run_result is None and resp.compile_result is not None:
             head = "Compilation failed" if run.status.value == "Finished" else "Error: compilation timed out"

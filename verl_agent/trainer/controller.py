@@ -120,8 +120,12 @@ class WorkerGroup:
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank // per_node)
             opts = {"num_cpus": 1, "num_gpus": 1 if gpus else 0, "scheduling_strategy": strategy}
             group.workers.append(TrainWorker.options(**opts).remote(cfg_dict, rank, world))
-        addr, port = group._get([group.workers[0].node_address.remote()], "node_address")[0]
-        group.info = group._get([w.setup.remote(addr, port) for w in group.workers], "setup")
+        try:
+            addr, port = group._get([group.workers[0].node_address.remote()], "node_address")[0]
+            group.info = group._get([w.setup.remote(addr, port) for w in group.workers], "setup")
+        except BaseException:  # never leak the workers' CPUs/GPUs to the next run in this cluster
+            group.shutdown(graceful=False)
+            raise
         logger.info("%d workers ready: %s", world, [(i["rank"], i["node"], i["device"]) for i in group.info])
         return group
 

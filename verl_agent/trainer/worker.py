@@ -171,10 +171,10 @@ class TrainWorker:
             rc = arr.ref.fsdp_config
             self.ref = shard(build(False, rc.param_offload).eval().requires_grad_(False), self.mesh,
                              self.device.type, rc.reshard_after_forward, rc.param_offload)
-        if cfg.algorithm.adv_estimator == "gae":
-            self._build_critic()
         a = arr.actor
         self.mb = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size_per_gpu)
+        if cfg.algorithm.adv_estimator == "gae":
+            self._build_critic()
         self.mb_log_prob = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
                                          arr.rollout.log_prob_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu)
         self.mb_ref = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
