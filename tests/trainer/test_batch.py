@@ -1,11 +1,11 @@
-"""Packing invariance: log-probs from one packed row == log-probs from padded rows (STYLE 13)."""
+"""Batching invariance (STYLE 13): the trainer's micro-batched log-probs == each sequence computed alone."""
 
 from __future__ import annotations
 
 import torch
 
-from verl_agent.trainer.actor import forward_log_probs
-from verl_agent.trainer.batch import TrainSeq, split_by_tokens, split_even
+from verl_agent.trainer.actor import forward_log_probs, split_padded
+from verl_agent.trainer.batch import TrainSeq
 
 
 def _padded_log_probs(model, seqs):
@@ -39,15 +39,10 @@ def test_packed_equals_padded(dev_model_path):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_split_by_tokens_respects_budget_and_keeps_everything():
+def test_split_padded_respects_the_padded_budget_and_keeps_everything():
     lengths = [30, 5, 70, 200, 40, 10, 65]
-    groups = split_by_tokens(lengths, 100)
+    groups = split_padded(lengths, 100)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-    for g in groups:
-        assert len(g) == 1 or sum(lengths[i] for i in g) <= 100  # an over-long sequence sits alone
+    for g in groups:  # count x longest <= budget, except an over-long sequence that sits alone
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 100
     assert [3] in groups
-
-
-def test_split_even_gives_exactly_k_groups():
-    groups = split_even([5, 3, 8], 5)
-    assert len(groups) == 5 and sorted(i for g in groups for i in g) == [0, 1, 2]

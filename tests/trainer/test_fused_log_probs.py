@@ -70,10 +70,11 @@ def test_forward_log_probs_fused_equals_full_logits(dev_model_path, random_seqs)
     seqs = _seqs(random_seqs)
     logp, ent = forward_log_probs(model, seqs, 0.9, torch.device("cpu"), with_entropy=True, chunk_tokens=8)
     assert isinstance(model.lm_head, LogProbHead) and model.lm_head.request is None
-    from verl_agent.trainer.batch import pack, response_positions
-
-    ids, pos = pack(seqs, "cpu")
-    rows = response_positions(seqs, "cpu")
+    # reference: one packed row, position ids restarting per sequence (transformers' block-diagonal mask)
+    ids = torch.tensor([i for s in seqs for i in s.input_ids])[None]
+    pos = torch.cat([torch.arange(s.num_tokens) for s in seqs])[None]
+    starts = torch.tensor([0, *[s.num_tokens for s in seqs]]).cumsum(0)
+    rows = torch.cat([torch.arange(o + s.prompt_len - 1, o + s.num_tokens - 1) for o, s in zip(starts, seqs)])
     z = plain(input_ids=ids, position_ids=pos, use_cache=False).logits[0][rows].float() / 0.9
     ref = z.log_softmax(-1).gather(-1, ids[0, rows + 1][:, None]).squeeze(-1)
     assert_close(torch.cat(logp), ref, rtol=1e-5, atol=1e-5)
