@@ -1,7 +1,7 @@
 """In-sandbox supervisor: runs INSIDE a container / bubblewrap sandbox as the unprivileged run user.
 
 Standard library only (it runs on the runner image's Debian python3). The server starts it as
-PID 1 of the sandbox's PID namespace (``python3 -u -c <this source> <workdir> <kernel source>``)
+PID 1 of the sandbox's PID namespace (``python3 -I -u -c <this source> <workdir> <kernel source>``)
 and talks to it with one JSON object per line on stdin/stdout. Being PID 1 matters: a program
 cannot SIGKILL it from inside the namespace, and ``kill(-1, SIGKILL)`` from here reaches every
 other process of the sandbox, including ``setsid``/double-forked children. The agent makes itself

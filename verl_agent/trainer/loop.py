@@ -119,8 +119,8 @@ def train(cfg: RunConfig) -> TrainResult:
                     with timer("update", m):
                         per_rank = group.update(n_mini, step, step > t.critic_warmup)
                         m.update(_mean_over_ranks(per_rank, prefix="actor/"))
-                    with timer("weight_sync", m):
-                        m["time/weight_sync_worker"] = group.sync_weights(version=step)
+                with timer("weight_sync", m):  # also after a skipped update: it wakes the engine and bumps the version
+                    m["time/weight_sync_worker"] = group.sync_weights(version=step)
             m.setdefault("actor/kl", m.get("actor/ppo_kl", 0.0))
             m["perf/driver_bytes"] = float(group.bytes_moved - bytes0)
             if (t.save_freq > 0 and step % t.save_freq == 0) or step == total:

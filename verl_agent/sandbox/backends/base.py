@@ -29,9 +29,12 @@ class WorkerError(RuntimeError):
 
 
 def agent_argv(python: str = "/usr/bin/python3") -> list[str]:
+    """The supervisor's command line. ``-I`` (isolated mode) keeps its working directory (a user-writable
+    /tmp) and PYTHON* variables off its import path: ``-c`` alone puts the cwd first on ``sys.path``,
+    so a module planted there would run inside the supervisor on its next import."""
     pkg = resources.files("verl_agent.sandbox")
     agent, kernel = (pkg / "agent.py").read_text(), (pkg / "kernel.py").read_text()
-    return [python, "-u", "-c", agent, WORKDIR, kernel]
+    return [python, "-I", "-u", "-c", agent, WORKDIR, kernel]
 
 
 class Worker:
