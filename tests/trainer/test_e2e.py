@@ -62,3 +62,19 @@ def test_ppo_with_critic_completes(ray_cluster, make_cfg, dev_model_path):
     for m in result.history:
         assert math.isfinite(m["critic/vf_loss"]) and math.isfinite(m["actor/pg_loss"]) and "actor/kl" in m
     assert result.export_dir is not None and (result.export_dir / "config.json").is_file()
+
+
+ZERO = '''
+def reward(data_source, solution_str, ground_truth, extra_info=None):
+    return 0.0
+'''
+
+
+def test_uniform_groups_under_filter_groups_skip_the_update_and_the_run_goes_on(ray_cluster, make_cfg, dev_model_path,
+                                                                               tmp_path):
+    """DAPO filtering drops every group when all rewards are equal: no update, but the engine is woken again."""
+    (tmp_path / "zero.py").write_text(ZERO)
+    result = train(make_cfg(*FAST, f"actor_rollout_ref.model.path={dev_model_path}", "trainer.total_training_steps=2",
+                            f"data.reward_fn={tmp_path / 'zero.py'}:reward", "algorithm.filter_groups.enable=true"))
+    assert [m["train/kept_group_fraction"] for m in result.history] == [0.0, 0.0]
+    assert all("actor/pg_loss" not in m and m["rollout/num_trajectories"] == 4 for m in result.history)
