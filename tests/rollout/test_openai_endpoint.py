@@ -81,7 +81,9 @@ def _assert_token_exact(tok, traj, tools):
 
 async def test_example_agent_trajectory_is_token_exact(tok):
     loop = _loop(scripted_engine(tok, [CALL, "The answer is 444."]), tok)
+    loop.policy_version = 7  # what the trainer sets after a weight swap: every recorded turn carries it
     batch = await loop.run([sample(ground_truth="444")], 2, SamplingParams(seed=1))
+    assert {turn.policy_version for t in batch.trajectories for turn in t.turns} == {7}
     assert len(batch) == 2
     for t in batch.trajectories:
         assert (t.outcome, t.reward, t.stop_reason, len(t.turns)) == ("ok", 1.0, "end_of_turn", 2)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from rollout_helpers import CountingTool, call_text, sample, scripted_engine
 
 from verl_agent.rollout.agent_loop import AgentLoop
@@ -96,3 +98,22 @@ async def test_groups_come_out_in_finish_order_and_cancel_returns_the_rest(chat_
     groups, _ = await stream.take(1, min_version=0)
     assert [g.sample.uid for g in groups] == ["fast"]  # the trainer takes groups as they fill
     assert [s.uid for s in await stream.cancel()] == ["slow"] and stream.pending == 0
+
+
+async def test_a_loop_that_records_no_versions_is_an_error_not_an_endless_reroll(chat_tokenizer, rollout_cfg):
+    agent = three_turn_loop(chat_tokenizer, rollout_cfg, delay=0.0)
+    stream = RolloutStream(agent)
+    await update_weights(stream, agent, 3)
+    inner = agent.run
+
+    async def forgetful_run(samples, n, sampling):  # a user loop that never stamps versions
+        batch = await inner(samples, n, sampling)
+        for t in batch.trajectories:
+            for turn in t.turns:
+                turn.policy_version = 0
+        return batch
+
+    agent.run = forgetful_run
+    stream.feed([sample()], 1, SP, batch=1)
+    with pytest.raises(RuntimeError, match="started under version 3"):
+        await stream.take(1, min_version=3)

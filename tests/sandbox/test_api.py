@@ -100,8 +100,14 @@ def test_official_client_sync_and_async(server, run):
     assert resp.status == RunStatus.Failed and resp.run_result.stdout == "hi\n"
 
 
+def open_session(server) -> str:
+    response = httpx.post(f"{server.url}/open_session", timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["session_id"]
+
+
 def test_sessions_keep_state_until_closed(server, run):
-    sid = f"traj-{server.port}"
+    sid = open_session(server)
     assert run(server, "x = 41\nimport os; os.chdir('/tmp')", session_id=sid)["status"] == "Success"
     out = run(server, "x += 1\nprint(x)", session_id=sid)
     assert out["run_result"]["stdout"] == "42\n"
@@ -109,12 +115,32 @@ def test_sessions_keep_state_until_closed(server, run):
     assert err["status"] == "Failed" and "NameError" in err["run_result"]["stderr"]
     assert run(server, "print(x)", session_id=sid)["run_result"]["stdout"] == "42\n"  # error kept the state
     assert httpx.post(f"{server.url}/close_session", json={"session_id": sid}).json() == {"closed": True}
-    assert "NameError" in run(server, "print(x)", session_id=sid)["run_result"]["stderr"]
-    httpx.post(f"{server.url}/close_session", json={"session_id": sid})
+    closed = run(server, "print(x)", session_id=sid)  # a closed id is dead, not silently reopened
+    assert closed["status"] == "SandboxError" and "unknown session_id" in closed["message"]
+    assert httpx.post(f"{server.url}/close_session", json={"session_id": sid}).json() == {"closed": False}
+
+
+def test_session_ids_are_issued_by_the_server_and_unguessable(process_server, run):
+    ids = {open_session(process_server) for _ in range(3)}
+    try:
+        assert len(ids) == 3 and all(len(i) >= 43 for i in ids)  # 256 random bits, url-safe
+        owner = next(iter(ids))
+        assert run(process_server, "secret = 'mine'", session_id=owner)["status"] == "Success"
+        for guess in ("traj-1", owner[:-1], owner + "x", owner.upper()):  # chosen or near-miss ids are refused
+            out = run(process_server, "print(secret)", session_id=guess)
+            assert out["status"] == "SandboxError" and "unknown session_id" in out["message"], out
+            assert httpx.post(f"{process_server.url}/close_session", json={"session_id": guess}).json() == {
+                "closed": False}
+        assert run(process_server, "print(secret)", session_id=owner)["run_result"]["stdout"] == "mine\n"
+    finally:
+        for sid in ids:
+            httpx.post(f"{process_server.url}/close_session", json={"session_id": sid})
+    assert len(process_server.service.sessions) == 0
+    process_server.wait_idle()
 
 
 def test_session_timeout_loses_state_with_clear_message(process_server, run):
-    sid = "timeout-session"
+    sid = open_session(process_server)
     run(process_server, "y = 1", session_id=sid)
     out = run(process_server, "while True: pass", session_id=sid, run_timeout=1)
     assert out["run_result"]["status"] == "TimeLimitExceeded" and "state was lost" in out["run_result"]["stderr"]
@@ -124,12 +150,16 @@ def test_session_timeout_loses_state_with_clear_message(process_server, run):
 
 def test_sessions_are_capped(process_server, run):
     cap = process_server.service.settings.max_sessions
-    sids = [f"cap-{i}" for i in range(cap + 1)]
+    sids = [open_session(process_server) for _ in range(cap)]
     try:
         outs = [run(process_server, "1", session_id=s) for s in sids]
-        assert [o["status"] for o in outs[:cap]] == ["Success"] * cap
-        assert outs[cap]["status"] == "SandboxError" and "too many open sessions" in outs[cap]["message"]
+        assert [o["status"] for o in outs] == ["Success"] * cap
+        full = httpx.post(f"{process_server.url}/open_session", timeout=30)
+        assert full.status_code == 503 and "too many open sessions" in full.json()["message"]
+        assert full.headers["retry-after"] == "1"
     finally:
         for s in sids:
             httpx.post(f"{process_server.url}/close_session", json={"session_id": s})
+    again = open_session(process_server)  # a slot is free again
+    assert httpx.post(f"{process_server.url}/close_session", json={"session_id": again}).json() == {"closed": True}
     process_server.wait_idle()

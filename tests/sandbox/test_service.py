@@ -32,10 +32,10 @@ def _host_pid(marker: str, timeout: float = 10.0) -> int:
 
 
 def _agent_of(pid: int) -> int:
-    """The sandbox agent (``python3 -u -c <agent source> /tmp/sandbox ...``) above ``pid``."""
+    """The sandbox agent (``python3 -I -u -c <agent source> /tmp/sandbox ...``) above ``pid``."""
     while pid > 1:
         pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-        if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"/usr/bin/python3\0-u\0-c\0"):
+        if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"/usr/bin/python3\0-I\0-u\0-c\0"):
             return pid
     raise AssertionError("agent not found")
 

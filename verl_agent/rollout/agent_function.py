@@ -115,7 +115,6 @@ class AgentFunctionLoop:
         self.engine, self.tokenizer, self.cfg = engine, tokenizer, a
         self.fn = load_entrypoint(entrypoint) if isinstance(entrypoint, str) else entrypoint
         self.reward_fn = reward_fn
-        self.policy_version = 0
         self.server = OpenAIServer(
             engine, tokenizer, get_parser(rollout_cfg.multi_turn.format, tokenizer), model_names=(a.model_name,),
             host=a.host, max_request_bytes=a.max_request_bytes, use_request_sampling=a.use_request_sampling,
@@ -130,6 +129,15 @@ class AgentFunctionLoop:
         self._users = 0
         self._lock: Any = None
 
+    @property
+    def policy_version(self) -> int:
+        """The weights' version; the trainer sets it after each weight swap, and every recorded turn carries it."""
+        return self.server.policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.server.policy_version = version
+
     def metrics(self) -> dict[str, float]:
         return {f"proxy/{k}": float(v) for k, v in sorted(self.counts.items())}
 
@@ -138,7 +146,6 @@ class AgentFunctionLoop:
         if n < 1:
             raise ValueError(f"AgentFunctionLoop.run: n must be >= 1, got {n}")
         limit = asyncio.Semaphore(self.cfg.max_concurrency or len(samples) * n or 1)
-        self.server.policy_version = self.policy_version
         await self._serve()
         try:
             jobs = []

@@ -135,7 +135,9 @@ class OpenAIServer:
             out = await self._generate(rec, prompt, sp)
             new = req.messages[len(seg.history):] if obs else []
             choice = None if req.tool_choice in (None, "auto", "required", "none") else req.tool_choice
-            return req, rec.commit(seg, obs, new, out, bool(req.tools) and req.tool_choice != "none", choice, req.stop)
+            # the version is read after the call: weights change only while no call is in flight (stream.py)
+            return req, rec.commit(seg, obs, new, out, bool(req.tools) and req.tool_choice != "none", choice, req.stop,
+                                   version=self.policy_version)
 
     async def _generate(self, rec: SessionRecorder, prompt: list[int], sp: SamplingParams) -> Any:
         try:

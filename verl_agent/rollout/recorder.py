@@ -124,8 +124,9 @@ class SessionRecorder:
 
     # -- record --------------------------------------------------------------------------------
     def commit(self, seg: Segment, obs: list[int], new: list[Message], out: GenerateOutput,
-               parse_tools: bool, allowed: str | None, stop: list[str]) -> Reply:  # fmt: skip
-        """Store the observation and the generation; build the assistant message returned to the agent."""
+               parse_tools: bool, allowed: str | None, stop: list[str], version: int = 0) -> Reply:  # fmt: skip
+        """Store the observation and the generation (made by policy `version`); build the assistant message
+        returned to the agent."""
         if not self.segments or self.segments[-1] is not seg:
             if self.segments:
                 self.counts["history_rewrites"] += 1
@@ -144,7 +145,8 @@ class SessionRecorder:
         traj.response_ids += ids
         traj.loss_mask += [1] * len(ids)
         traj.rollout_logprobs += lps
-        traj.turns.append(Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids)))
+        traj.turns.append(Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids),
+                               policy_version=version))
         seg.last_text = self.tokenizer.decode(ids, skip_special_tokens=True)
         text = seg.last_text if cut is None else cut
         seg.closed = not ids or ids[-1] not in self._eos

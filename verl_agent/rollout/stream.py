@@ -89,6 +89,7 @@ class Group:
     sample: Sample
     trajectories: list[Trajectory]
     sampling: SamplingParams
+    started_at: int = 0
 
     @property
     def oldest_version(self) -> int:
@@ -102,6 +103,7 @@ class _Fed:
     sample: Sample
     n: int
     sampling: SamplingParams
+    started_at: int = 0  # the policy version when its rollout started
 
 
 class RolloutStream:
@@ -129,6 +131,7 @@ class RolloutStream:
         if self._draining:
             self.held.append(fed)
             return
+        fed.started_at = self.agent.policy_version
         task = asyncio.get_running_loop().create_task(self.agent.run([fed.sample], fed.n, fed.sampling))
         self.running[task] = fed
         task.add_done_callback(self._finished)
@@ -144,7 +147,7 @@ class RolloutStream:
                                 error=repr(task.exception())) for _ in range(fed.n)]  # fmt: skip
         else:
             trajs = task.result().trajectories
-        self.ready.append(Group(fed.batch, fed.position, fed.sample, trajs, fed.sampling))
+        self.ready.append(Group(fed.batch, fed.position, fed.sample, trajs, fed.sampling, fed.started_at))
         self._changed.set()
 
     @property
@@ -166,6 +169,11 @@ class RolloutStream:
                 continue
             group = self.ready.pop(0)
             if group.oldest_version < min_version:
+                if group.started_at >= min_version:  # rolling it out again would loop forever
+                    raise RuntimeError(
+                        f"{type(self.agent).__name__} recorded policy version {group.oldest_version} on a rollout "
+                        f"started under version {group.started_at}: set Turn.policy_version from the loop's "
+                        "policy_version when a generation returns")
                 dropped += 1
                 self.dropped_stale += 1
                 self._start(_Fed(group.batch, group.position, group.sample, len(group.trajectories), group.sampling))

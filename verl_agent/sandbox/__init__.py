@@ -22,17 +22,32 @@ Protected (one adversarial test per line in tests/sandbox/test_security.py, on b
 - file paths: ``files``/``fetch_files`` must stay in the work dir; symlinks are never followed.
 - privileges: a non-root uid; docker: ``--cap-drop ALL`` + ``no-new-privileges``; process: an
   unprivileged user namespace (no capabilities on the host).
+- the supervisor itself: started as ``python3 -I`` so its import path holds neither its working
+  directory (the user-writable /tmp) nor PYTHON* variables: a planted module is never imported.
+- measured, not assumed (docker): at start-up a probe container with the runner's exact flags checks
+  uid, network, read-only root, capability sets, PID namespace, environment and cgroup limits; a
+  failed guarantee refuses to serve (``IsolationError`` naming it). ``/v1/health`` shows the result.
+- other servers on the host: runner containers carry the server's own instance id and a server
+  removes only its own (a restarted server given the same ``instance_id`` cleans up its predecessor).
 - the server: bounded queue (503 + Retry-After when full), request body limit, a crashed sandbox is
   replaced and its request answered ``SandboxError``.
 
 Not protected: kernel exploits (containers and namespaces share the host kernel; use gVisor/VMs for
 that), covert timing channels between concurrent runs, CPU time stolen from neighbours within the
-CPU quota. In a session (``session_id``) the same trajectory's calls share one sandbox on purpose.
-The process backend without root has no cgroup limits: ``/v1/health`` lists which guarantees hold.
+CPU quota. In a session the same trajectory's calls share one sandbox on purpose. The process
+backend without root has no cgroup limits: ``/v1/health`` lists which guarantees hold (its values
+are derived from its configuration; only the docker backend probes them). Session ids are bearer
+tokens: whoever holds one may use and close that session, so clients must not share or log them.
 
-Sessions (our extension): ``session_id`` on ``/run_code`` (python) keeps one interpreter alive
-across calls until ``POST /close_session {"session_id": ...}``, the idle timeout, or a timeout in
-the session (then the state is lost and the reply says so). Open sessions are capped.
+Sessions (our extension): a client obtains a session id from the server, never chooses one:
+``POST /open_session`` -> ``{"session_id": "<43 url-safe chars, 256 random bits>"}`` (503 +
+Retry-After while every one of ``max_sessions`` slots is taken). ``/run_code`` with that
+``session_id`` (python) runs in one interpreter kept alive across calls until ``POST /close_session
+{"session_id": ...}``, the idle timeout or server shutdown; a timeout or crash inside the session loses
+its state (the reply says so) but keeps the id. Any id the server did not issue, or one already
+closed, is refused (``SandboxError``: unknown session_id). ``SandboxClient.open_session()`` and the
+``code_interpreter`` tool (``enable_session``) do this for you; plain Sandbox Fusion requests
+without ``session_id`` are unchanged.
 """
 
 from verl_agent.sandbox.api import (

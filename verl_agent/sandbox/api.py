@@ -1,7 +1,8 @@
 """Sandbox Fusion's HTTP API as pydantic models (field names and defaults match Sandbox Fusion's).
 
-Our one extension is ``session_id`` on ``/run_code`` (see ``verl_agent.sandbox`` docs): calls that
-share it run in one live Python interpreter until ``POST /close_session`` or the idle timeout.
+Our one extension is sessions (see ``verl_agent.sandbox`` docs): ``POST /open_session`` issues a
+``session_id``; ``/run_code`` calls that carry it run in one live Python interpreter until
+``POST /close_session`` or the idle timeout. An id the server did not issue is refused.
 Unknown fields are ignored, as Sandbox Fusion does; a missing or mistyped field is a 422 naming it.
 """
 
@@ -12,7 +13,7 @@ from enum import Enum
 from pydantic import BaseModel, Field
 
 __all__ = [
-    "CellRunResult", "CloseSessionRequest", "CommandRunResult", "CommandRunStatus", "RunCodeRequest",
+    "CellRunResult", "CloseSessionRequest", "OpenSessionResponse", "CommandRunResult", "CommandRunStatus", "RunCodeRequest",
     "RunCodeResponse", "RunJupyterRequest", "RunJupyterResponse", "RunStatus",
 ]
 
@@ -48,7 +49,8 @@ class RunCodeRequest(BaseModel):
     stdin: str | None = None
     files: dict[str, str | None] = Field(default_factory=dict, description="path -> base64 content")
     fetch_files: list[str] = Field(default_factory=list)
-    session_id: str | None = Field(None, max_length=128, description="extension: keep one interpreter alive")
+    session_id: str | None = Field(None, max_length=128,
+                                   description="extension: an id from POST /open_session; keeps one interpreter alive")
 
 
 class RunCodeResponse(BaseModel):
@@ -85,5 +87,9 @@ class RunJupyterResponse(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
 
 
+class OpenSessionResponse(BaseModel):
+    session_id: str = Field(..., description="server-issued, unguessable; pass it as run_code's session_id")
+
+
 class CloseSessionRequest(BaseModel):
-    session_id: str
+    session_id: str = Field(..., max_length=128)

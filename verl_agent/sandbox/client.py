@@ -76,6 +76,11 @@ class SandboxClient:
         req = RunJupyterRequest(cells=cells, **fields)
         return RunJupyterResponse.model_validate(await self._post("/run_jupyter", req.model_dump(), req.total_timeout))
 
+    async def open_session(self) -> str:
+        """A server-issued session id for ``run_code(..., session_id=...)`` (retried while slots are full)."""
+        data = await self._post("/open_session", {}, 10.0)
+        return str(data["session_id"])
+
     async def close_session(self, session_id: str) -> bool:
         data = await self._post("/close_session", {"session_id": session_id}, 10.0)
         return bool(data.get("closed"))

@@ -1,8 +1,9 @@
-"""FastAPI server speaking Sandbox Fusion's HTTP API (plus ``/close_session`` and ``/v1/health``).
+"""FastAPI server speaking Sandbox Fusion's HTTP API (plus ``/open_session``, ``/close_session``, ``/v1/health``).
 
 Status codes: 200 for every run that reached a decision (``Success``/``Failed``/``SandboxError`` in
 the body, as Sandbox Fusion does), 422 for a malformed request (FastAPI names the field), 413 for a
-body over ``max_body_bytes``, 503 + ``Retry-After`` when overloaded (clients retry).
+body over ``max_body_bytes``, 503 + ``Retry-After`` when overloaded or when ``/open_session`` finds
+every session slot taken (clients retry).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from verl_agent.sandbox.api import (
-    CloseSessionRequest, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse,
+    CloseSessionRequest, OpenSessionResponse, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse,
 )
 from verl_agent.sandbox.service import Overloaded, SandboxService
+from verl_agent.sandbox.sessions import SessionError
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,13 @@ def create_app(service: SandboxService, max_body_bytes: int = 64 << 20) -> FastA
     @app.post("/run_jupyter", response_model=RunJupyterResponse)
     async def run_jupyter(req: RunJupyterRequest) -> RunJupyterResponse:
         return await service.run_jupyter(req)
+
+    @app.post("/open_session", response_model=OpenSessionResponse)
+    async def open_session() -> OpenSessionResponse:
+        try:
+            return OpenSessionResponse(session_id=service.sessions.open())
+        except SessionError as e:
+            raise Overloaded(str(e)) from e
 
     @app.post("/close_session")
     async def close_session(req: CloseSessionRequest) -> dict:

@@ -7,7 +7,8 @@ Config (tool YAML ``config:``), verl names first:
   memory_limit_mb      per-run memory limit (default 1024)
   num_workers / rate_limit   concurrency cap of calls in flight (the smaller one wins; default 10)
   max_output_chars     stdout/stderr each truncated to this, keeping the head (default 4000)
-  enable_session       our extension: one live interpreter per trajectory, from create to release
+  enable_session       our extension: one live interpreter per trajectory, from its first python call to
+                       release (the session id is issued by the server: POST /open_session)
 Returns stdout (and stderr under a header); on timeout or sandbox trouble a clear one-line message.
 """
 
@@ -67,7 +68,7 @@ class SandboxFusionTool(BaseTool):
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> str:
         instance_id = instance_id or str(uuid.uuid4())
-        self._instances[instance_id] = f"{instance_id}-{uuid.uuid4().hex[:8]}" if self.sessions else None
+        self._instances[instance_id] = None  # with sessions: the server issues the id on the first python call
         return instance_id
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
@@ -76,8 +77,11 @@ class SandboxFusionTool(BaseTool):
         if not isinstance(code, str) or not code.strip():
             return ToolResponse(text="Error: no code given (parameter 'code' must be a non-empty string)"), 0.0, {}
         language = parameters.get("language") or self.language
-        session = self._instances.get(instance_id) if language in ("python", "python3") else None
+        use_session = self.sessions and instance_id in self._instances and language in ("python", "python3")
         try:
+            session = self._instances[instance_id] if use_session else None
+            if use_session and session is None:
+                session = self._instances[instance_id] = await self.client.open_session()
             resp = await self.client.run_code(code, language, run_timeout=self.timeout,
                                               memory_limit_MB=self.memory_mb, session_id=session)
         except SandboxUnavailable as e:  # the server is down or overloaded: not the model's doing
