@@ -125,6 +125,20 @@ async def test_code_interpreter_tool(process_server):
     assert len(process_server.service.sessions) == 0
 
 
+async def test_code_interpreter_tool_sessions_are_server_issued(process_server):
+    """Parallel first calls of one trajectory share one server-issued session; release closes it."""
+    tool = SandboxFusionTool({"sandbox_fusion_url": process_server.url, "enable_session": True})
+    iid = await tool.create()
+    try:
+        outs = await asyncio.gather(*(tool.execute(iid, {"code": f"v{i} = {i}"}) for i in range(3)))
+        assert [o[2]["status"] for o in outs] == ["Success"] * 3
+        assert (await tool.execute(iid, {"code": "print(v0 + v1 + v2)"}))[0].text == "3\n"
+        assert list(process_server.service.sessions._sessions) == [tool._instances[iid]]
+    finally:
+        await tool.release(iid)
+    assert len(process_server.service.sessions) == 0
+
+
 async def test_tool_reports_unreachable_sandbox():
     """A sandbox that is down is an infrastructure failure (never the model's reward), not a tool message."""
     from verl_agent.protocol import ToolCall

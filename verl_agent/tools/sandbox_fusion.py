@@ -81,7 +81,12 @@ class SandboxFusionTool(BaseTool):
         try:
             session = self._instances[instance_id] if use_session else None
             if use_session and session is None:
-                session = self._instances[instance_id] = await self.client.open_session()
+                session = await self.client.open_session()
+                if instance_id not in self._instances or self._instances[instance_id] is not None:
+                    await self.client.close_session(session)  # released, or a parallel call opened one first
+                    session = self._instances.get(instance_id)
+                else:
+                    self._instances[instance_id] = session
             resp = await self.client.run_code(code, language, run_timeout=self.timeout,
                                               memory_limit_MB=self.memory_mb, session_id=session)
         except SandboxUnavailable as e:  # the server is down or overloaded: not the model's doing
