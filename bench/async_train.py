@@ -105,7 +105,8 @@ def run_mode(base: list[str], mode: str, staleness: int, tmp: Path) -> dict[str,
     from verl_agent.config import load_config
     from verl_agent.trainer.loop import train
 
-    cfg = load_config(None, [*base, f"trainer.mode={mode}", f"trainer.max_staleness={staleness}",
+    staleness_key = [f"trainer.max_staleness={staleness}"] if mode == "async" else []
+    cfg = load_config(None, [*base, f"trainer.mode={mode}", *staleness_key,
                              f"trainer.default_local_dir={tmp / f'run_{mode}_{staleness}'}"])
     result = train(cfg)
     warm = result.history[1:]

@@ -123,6 +123,8 @@ def test_all_keys_lists_nested_verl_keys():
     ("actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "fsdp_size", "HSDP is not implemented"),
     ("actor_rollout_ref.rollout.response_length=7", "rollout.response_length", "data.max_response_length"),
     ("trainer.logger=[console,wandb]", "trainer.logger", "supported loggers"),
+    ("trainer.max_staleness=3", "trainer.max_staleness", "only trainer.mode=async uses it"),
+    ("trainer.partial_rollout=false", "trainer.partial_rollout", "only trainer.mode=async uses it"),
 ])
 def test_unimplemented_values_are_refused_naming_the_key(override, key, hint):
     """Every key works or is refused: a non-default value of an unimplemented key is a load-time error."""

@@ -215,7 +215,7 @@ class RolloutConfig(Section):
                                           "for weights + KV cache: hf continuous sizes its KV slots by it; "
                                           "sglang's --mem-fraction-static")
     free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
-                                    "the actor trains")
+                                    "the actor trains; trainer.mode=sync only (the async modes keep generating)")
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     val_kwargs: ValKwargsConfig = Field(default_factory=ValKwargsConfig)
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
@@ -365,6 +365,11 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
         if when:
             out.append((key, value, hint))
 
+    t = c.trainer
+    refuse(t.mode != "async" and t.max_staleness != 1, "trainer.max_staleness", t.max_staleness,
+           f"only trainer.mode=async uses it (sync is 0 and one_step_off 1 by construction; mode is {t.mode})")
+    refuse(t.mode != "async" and not t.partial_rollout, "trainer.partial_rollout", False,
+           f"only trainer.mode=async uses it (one_step_off always lets started trajectories finish; mode is {t.mode})")
     refuse(r.mode != "async", "actor_rollout_ref.rollout.mode", r.mode,
            "the agent loop always runs trajectories concurrently; leave it at async")
     refuse(not arr.hybrid_engine, "actor_rollout_ref.hybrid_engine", False,

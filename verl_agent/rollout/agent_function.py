@@ -34,8 +34,6 @@ the model.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import logging
 import sys
@@ -43,7 +41,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Sample, Trajectory
@@ -60,23 +57,14 @@ _BUDGET = ("response_budget", "engine_length", "max_assistant_turns")
 
 def load_entrypoint(spec: str) -> Callable[..., Any]:
     """'module:function', 'module.function' or 'path/file.py:function' -> an async function."""
-    if ":" in spec and spec.split(":", 1)[0].endswith(".py"):
-        file_part, _, name = spec.rpartition(":")
-        path = Path(file_part)
-        if not path.is_file():
-            raise ValueError(f"actor_rollout_ref.rollout.agent.entrypoint: file {path} does not exist")
-        mod_name = f"verl_agent_agent_{abs(hash(str(path.resolve())))}"
-        module_spec = importlib.util.spec_from_file_location(mod_name, path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[mod_name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        mod_path, _, name = spec.replace(":", ".").rpartition(".")
-        if "" not in sys.path:
-            sys.path.insert(0, "")
-        module = importlib.import_module(mod_path)
-    fn = getattr(module, name, None)
+    from verl_agent.tools.registry import import_object
+
+    if "" not in sys.path:  # a module next to where the run was started
+        sys.path.insert(0, "")
+    try:
+        fn = import_object(spec)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"actor_rollout_ref.rollout.agent.entrypoint={spec!r}: {e}") from e
     if not inspect.iscoroutinefunction(fn):
         raise ValueError(f"actor_rollout_ref.rollout.agent.entrypoint={spec!r} must name an async function")
     return fn
