@@ -189,20 +189,23 @@ class Gsm8kTool(BaseTool):
 """
 
 
-async def test_a_verl_users_tool_yaml_loads(tmp_path, monkeypatch):
-    """verl is not installed here: a stand-in package with verl's module paths and BaseTool API plays it."""
+async def test_a_tool_built_on_verls_base_tool_loads(tmp_path, monkeypatch):
+    """verl is not installed here: a stand-in package with verl's module paths and BaseTool API plays it.
+
+    The user's own tool subclasses verl's BaseTool (verl's built-in class paths map to ours instead:
+    tests/tools/test_verl_aliases.py)."""
     pkg = tmp_path / "verl" / "tools"
     pkg.mkdir(parents=True)
     (tmp_path / "verl" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "base_tool.py").write_text(VERL_BASE)
-    (pkg / "gsm8k_tool.py").write_text(VERL_GSM8K)
+    (tmp_path / "my_verl_tools.py").write_text(VERL_GSM8K)
     monkeypatch.syspath_prepend(str(tmp_path))
     p = write(
         tmp_path,
         """
         tools:
-          - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
+          - class_name: "my_verl_tools.Gsm8kTool"
             config:
               type: native
             tool_schema:
@@ -229,5 +232,5 @@ async def test_a_verl_users_tool_yaml_loads(tmp_path, monkeypatch):
             assert await s.calc_reward() == 1.0
         assert tool.inner._d == {}
     finally:
-        for m in [m for m in sys.modules if m == "verl" or m.startswith("verl.")]:
+        for m in [m for m in sys.modules if m in ("verl", "my_verl_tools") or m.startswith("verl.")]:
             del sys.modules[m]

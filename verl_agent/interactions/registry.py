@@ -11,8 +11,10 @@
 A row's `interaction_kwargs.name` selects the interaction (`select_interaction`).
 `class_name` may name a BaseInteraction subclass, a verl interaction class (same
 async methods), a `gymnasium.Env` subclass or any class with text `reset`/`step`
-(wrapped in GymInteraction), or a "file.py:Name" relative to the YAML. Load errors
-name the file and the entry.
+(wrapped in GymInteraction), or a "file.py:Name" relative to the YAML. verl's built-in
+``verl.interactions.gsm8k_interaction.Gsm8kInteraction`` loads unchanged (verl_agent.verl_compat
+maps it to ours); verl classes we have no equivalent for are refused with "not supported yet".
+Load errors name the file and the entry.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from verl_agent.interactions.base import BaseInteraction
 from verl_agent.interactions.errors import InteractionConfigError
 from verl_agent.interactions.gym import GymInteraction
 from verl_agent.tools.registry import import_object, read_yaml_list
+from verl_agent.verl_compat import VerlNotSupported, resolve_verl_class
 
 __all__ = ["build_interactions", "load_interactions", "select_interaction"]
 
@@ -64,7 +67,9 @@ def _build_one(entry: Any, where: str, base_dir: Path | None) -> Any:
         raise InteractionConfigError(f"{where}: 'config' must be a mapping, got {type(config).__name__}")
     name = entry.get("name") or config.get("name") or _default_name(class_name)
     try:
-        obj = import_object(class_name, base_dir)
+        obj = import_object(resolve_verl_class(class_name, "interaction"), base_dir)
+    except VerlNotSupported as e:
+        raise InteractionConfigError(f"{where}: {e}") from None
     except (ImportError, AttributeError) as e:
         raise InteractionConfigError(f"{where}: cannot import {class_name!r}: {e}") from e
     try:

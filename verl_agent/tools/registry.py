@@ -9,6 +9,12 @@
       - class_name: my_tools.lookup             # a @tool function, or a plain typed function
       - class_name: tools/extra.py:lookup       # a file path (relative to this YAML) and a name
 
+verl's built-in class paths load unchanged (``verl.tools.gsm8k_tool.Gsm8kTool``,
+``verl.tools.search_tool.SearchTool``, ``verl.tools.sandbox_fusion_tools.SandboxFusionTool``):
+verl_agent.verl_compat maps them to ours; the ones we have no equivalent for (MCP, image tools)
+are refused with "not supported yet". ``config.type`` is verl's tool type: ``native`` (or absent);
+verl's ``mcp`` type is refused the same way.
+
 Everything is checked at load time: a missing module or class, a bad schema, a
 duplicate tool name or an unknown key raises ToolConfigError naming the file and
 the entry (index and class_name), before any rollout starts.
@@ -31,6 +37,7 @@ from verl_agent.tools.base import BaseTool
 from verl_agent.tools.errors import ToolConfigError
 from verl_agent.tools.function_tool import FunctionTool
 from verl_agent.tools.schema import OpenAIFunctionToolSchema
+from verl_agent.verl_compat import VerlNotSupported, resolve_verl_class
 
 __all__ = ["build_tools", "import_object", "load_tools", "read_yaml_list"]
 
@@ -62,18 +69,26 @@ def import_object(path: str, base_dir: Path | None = None) -> Any:
 def _build_one(entry: Any, where: str, base_dir: Path | None) -> BaseTool:
     if not isinstance(entry, Mapping):
         raise ToolConfigError(f"{where}: expected a mapping with 'class_name', got {type(entry).__name__}")
-    unknown = set(entry) - _ENTRY_KEYS
-    if unknown:
-        raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS)}")
     class_name = entry.get("class_name")
     if not isinstance(class_name, str) or not class_name:
         raise ToolConfigError(f"{where}: 'class_name' is required (a dotted import path)")
     where = f"{where} ({class_name})"
+    try:
+        import_path = resolve_verl_class(class_name, "tool")
+    except VerlNotSupported as e:
+        raise ToolConfigError(f"{where}: {e}") from None
     config = entry.get("config") or {}
     if not isinstance(config, Mapping):
         raise ToolConfigError(f"{where}: 'config' must be a mapping, got {type(config).__name__}")
+    if "mcp" in entry or config.get("type") == "mcp":
+        raise ToolConfigError(f"{where}: verl's MCP tools ('mcp:', config.type: mcp) are not supported yet")
+    if config.get("type", "native") != "native":
+        raise ToolConfigError(f"{where}: config.type must be 'native' (verl's tool type), got {config['type']!r}")
+    unknown = set(entry) - _ENTRY_KEYS
+    if unknown:
+        raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS)}")
     try:
-        obj = import_object(class_name, base_dir)
+        obj = import_object(import_path, base_dir)
     except (ImportError, AttributeError) as e:
         raise ToolConfigError(f"{where}: cannot import {class_name!r}: {e}") from e
     try:

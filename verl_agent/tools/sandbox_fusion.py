@@ -5,7 +5,10 @@ Config (tool YAML ``config:``), verl names first:
   default_timeout      run timeout per call, seconds (default 30)
   default_language     language when the call names none (default "python")
   memory_limit_mb      per-run memory limit (default 1024)
-  num_workers / rate_limit   concurrency cap of calls in flight (the smaller one wins; default 10)
+  num_workers / rate_limit   concurrency cap of calls in flight (the smaller one wins; default 10).
+                       With ``enable_global_rate_limit: false`` only num_workers counts. verl shares
+                       rate_limit over the cluster through a Ray actor; here it holds per rollout
+                       worker (each has its own tool object).
   max_output_chars     stdout/stderr each truncated to this, keeping the head (default 4000)
   enable_session       our extension: one live interpreter per trajectory, from its first python call to
                        release (the session id is issued by the server: POST /open_session)
@@ -56,7 +59,8 @@ class SandboxFusionTool(BaseTool):
         self.memory_mb = int(c.get("memory_limit_mb", 1024))
         self.max_chars = int(c.get("max_output_chars", 4000))
         self.sessions = bool(c.get("enable_session", False))
-        caps = [int(c[k]) for k in ("num_workers", "rate_limit") if c.get(k)]
+        keys = ("num_workers", "rate_limit") if c.get("enable_global_rate_limit", True) else ("num_workers",)
+        caps = [int(c[k]) for k in keys if c.get(k)]
         cap = min(caps) if caps else 10
         if cap < 1 or self.timeout <= 0:
             raise ValueError(f"{self.name}: num_workers/rate_limit must be >= 1 and default_timeout > 0")
