@@ -12,3 +12,10 @@ def retrieval():
     app = load_repo_module("examples/search_agent/retrieval_server.py").make_app()
     with RetrievalServer(app) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def tiny_tok(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_path))
