@@ -112,3 +112,14 @@ def test_batches_resume_exactly_and_roll_over_epochs(tmp_path):
     it2 = resumed.batches(4)
     assert [[s.ground_truth for s in next(it2)] for _ in range(3)] == rest
     assert first[:2] != [list(range(4)), list(range(4, 8))]  # actually shuffled
+
+
+def test_need_tools_kwargs_without_tools_kwargs_is_warned_about(tmp_path, caplog):
+    """verl's check: the row says it needs tools_kwargs but has none (a warning, as in verl)."""
+    row = {"prompt": "x", "extra_info": {"need_tools_kwargs": True, "index": 3}}
+    f = write_jsonl(tmp_path / "d.jsonl", [row, {**row, "extra_info": {**row["extra_info"], "tools_kwargs": {
+        "t": {"create_kwargs": {"a": 1}}}}}])
+    with caplog.at_level("WARNING", logger="verl_agent.data"):
+        assert len(load_samples(f)) == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{f}:1: extra_info.need_tools_kwargs is true but extra_info.tools_kwargs is empty"]

@@ -5,6 +5,9 @@ Two row formats are accepted in the same file:
 * simple: ``{"prompt": "2+2=?", "answer": "4"}`` (prompt becomes one user message)
 * verl:   ``{"prompt": [{"role": "user", "content": ...}], "reward_model": {"ground_truth": ...},
   "data_source": ..., "agent_name": ..., "extra_info": {"tools_kwargs": ..., "interaction_kwargs": ...}}``
+  (verl's other columns, e.g. ``ability`` and ``reward_model.style``, are not used; ``extra_info`` goes
+  to the reward function whole; ``extra_info.need_tools_kwargs`` with empty ``tools_kwargs`` is warned
+  about, as verl does)
 
 Files are never loaded whole: JSONL is read line by line and parquet batch by batch, so a 2 GB file
 starts at once. A malformed row raises `DataError` naming the file and line (parquet: row number);
@@ -102,6 +105,8 @@ def row_to_sample(row: Any, where: str, prompt_key: str = "prompt", answer_key: 
     tools_kwargs = _as_dict(extra.get("tools_kwargs"), "extra_info.tools_kwargs", where)
     for name, kw in tools_kwargs.items():
         _as_dict(kw, f"extra_info.tools_kwargs.{name}", where)
+    if extra.get("need_tools_kwargs") and not tools_kwargs:  # verl's check, a warning there too
+        log.warning("%s: extra_info.need_tools_kwargs is true but extra_info.tools_kwargs is empty", where)
     uid = row.get("uid") or extra.get("uid") or where
     return Sample(
         uid=str(uid),

@@ -11,7 +11,7 @@ import json
 
 import pytest
 from fastapi import FastAPI, Response
-from verl_files import GSM8K_TOOL_YAML, SEARCH_TOOL_YAML, RetrievalServer, write
+from verl_files import GSM8K_TOOL_YAML, REPO, SEARCH_TOOL_YAML, RetrievalServer, write
 
 from verl_agent.gsm8k import compute_score, extract_solution, gsm8k_score
 from verl_agent.interactions import InteractionSession
@@ -132,3 +132,13 @@ async def test_search_tool_retries_5xx_and_reports_infrastructure_failures():
     assert err.value.cause == "retrieval_unavailable"
     with pytest.raises(ValueError, match="'retrieval_service_url' is required"):
         RetrievalSearchTool({"topk": 3})
+
+
+async def test_the_search_examples_verl_config_works_against_its_server(retrieval, tmp_path):
+    """examples/search_agent/tools_verl.yaml + retrieval_server.py, as its README runs them (another port)."""
+    shipped = (REPO / "examples" / "search_agent" / "tools_verl.yaml").read_text()
+    assert "http://127.0.0.1:8000/retrieve" in shipped
+    tools = load_tools(write(tmp_path, "tools_verl.yaml", shipped.replace("http://127.0.0.1:8000", retrieval.url)))
+    async with ToolSession(tools, {}, timeout=10) as s:
+        r = await s.call(ToolCall("search", {"query_list": ["Which river flows through Orvik?"]}))
+    assert r.ok and json.loads(r.text)["result"].startswith("Doc 1 (Title: Orvik)\nOrvik is a town")
