@@ -2,8 +2,9 @@
 # Make Docker usable for the sandbox tests: install, start dockerd, build the runner image offline.
 #
 # Idempotent: each step is skipped when already done (a warm machine takes ~1 s). On a fresh machine
-# (root + apt) it installs docker.io/debootstrap/bubblewrap, starts dockerd in the background and
-# builds the runner image with `python -m verl_agent.sandbox.cli build-image` (~1-2 min).
+# (root + apt) it installs docker.io/debootstrap/bubblewrap, plus docker-compose (Debian's 1.29.2)
+# unless the `docker compose` plugin is there, starts dockerd in the background and builds the
+# runner image with `python -m verl_agent.sandbox.cli build-image` (~1-2 min).
 # Without root/apt/Docker it warns and exits 0 (the docker tests then skip) -- except in CI
 # (CI=true), where a missing Docker is a failure.
 set -euo pipefail
@@ -23,6 +24,10 @@ need_pkgs=()
 command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
 command -v bwrap >/dev/null 2>&1 || need_pkgs+=(bubblewrap)
+# `verl-agent sandbox up/down`: the compose plugin where present, else Debian's docker-compose
+if ! command -v docker-compose >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then
+  need_pkgs+=(docker-compose)
+fi
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     fail "missing ${need_pkgs[*]} and cannot install them (need root and apt-get)"

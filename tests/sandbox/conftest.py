@@ -52,10 +52,11 @@ class ServerThread:
         self.thread.join(60)
 
     def wait_idle(self, timeout: float = 30.0) -> None:
-        """Wait until every worker is back in the pool (recycled ones replaced)."""
+        """Wait until no request runs and the warm minimum is idle (recycled ones replaced)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if httpx.get(f"{self.url}/v1/health").json()["idle_workers"] >= self.service.settings.pool_size:
+            pool = httpx.get(f"{self.url}/v1/health").json()["pool"]
+            if pool["busy"] == pool["starting"] == 0 and pool["idle"] >= pool["min_pool_size"]:
                 return
             time.sleep(0.05)
         raise AssertionError("workers were not replaced in time")
@@ -71,7 +72,7 @@ def docker_ready() -> bool:
     return ok
 
 
-SETTINGS = dict(pool_size=3, max_queue=64, queue_timeout=60.0, max_output_bytes=64 << 10,
+SETTINGS = dict(min_pool_size=3, max_pool_size=6, max_queue=64, queue_timeout=60.0, max_output_bytes=64 << 10,
                 default_memory_mb=256, max_memory_mb=512, max_sessions=4, session_idle_timeout=300.0)
 
 
@@ -93,6 +94,16 @@ def docker_server() -> Iterator[ServerThread]:
     backend = DockerBackend(memory_mb=512, pids=64, tmpfs_mb=32)
     with ServerThread(backend, ServiceSettings(**SETTINGS)) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def docker_backend_cls():
+    """DockerBackend, for tests that start their own docker server (skips without Docker, fails in CI)."""
+    if not docker_ready():
+        pytest.skip("Docker or the runner image is missing (scripts/setup_docker.sh)")
+    from verl_agent.sandbox.backends.docker import DockerBackend
+
+    return DockerBackend
 
 
 @pytest.fixture(params=["process", "docker"], scope="session")

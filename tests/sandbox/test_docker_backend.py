@@ -4,22 +4,9 @@ guarantee), and a backend removes only the containers of its own instance id."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 
 import pytest
-
-
-@pytest.fixture(scope="module")
-def docker_backend_cls():
-    from verl_agent.sandbox.backends.docker import DEFAULT_IMAGE, DockerBackend, docker_available
-    from verl_agent.sandbox.image import image_exists
-
-    if not (docker_available() and image_exists(DEFAULT_IMAGE)):
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but Docker or the runner image is missing (run scripts/setup_docker.sh)")
-        pytest.skip("Docker or the runner image is missing (scripts/setup_docker.sh)")
-    return DockerBackend
 
 
 def weakened(cls, change):

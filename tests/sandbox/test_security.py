@@ -22,14 +22,18 @@ os.environ["VERL_SANDBOX_TEST_SECRET"] = SECRET  # set before the servers start;
 
 
 def healthy_and_clean(server, run) -> None:
-    """The server answers, and runs on every worker see a clean, empty sandbox."""
+    """The server answers, and runs on every idle worker see a clean, empty sandbox (the checks overlap,
+    so each lands on a different worker)."""
     assert httpx.get(f"{server.url}/v1/ping", timeout=10).json() == "pong"
     server.wait_idle()
-    check = ("import os\nleft = [d + '/' + f for d in ('/tmp', '/dev/shm', '/var/tmp') for f in os.listdir(d)]\n"
+    check = ("import os, time\nleft = [d + '/' + f for d in ('/tmp', '/dev/shm', '/var/tmp') for f in os.listdir(d)]\n"
              "procs = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]\n"
-             "print(sorted(left), len(procs))")
-    for _ in range(server.service.settings.pool_size):
-        out = run(server, check)
+             "print(sorted(left), len(procs))\ntime.sleep(0.3)")
+    workers = server.service.pool.idle()
+    with ThreadPoolExecutor(workers) as pool:
+        outs = list(pool.map(lambda _: run(server, check), range(workers)))
+    assert len({o["executor_pod_name"] for o in outs}) == workers, outs
+    for out in outs:
         assert out["status"] == "Success", out
         assert out["run_result"]["stdout"] == "['/tmp/sandbox'] 0\n", out
 

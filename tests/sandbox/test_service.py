@@ -43,7 +43,7 @@ def _agent_of(pid: int) -> int:
 @pytest.fixture(scope="module")
 def tiny_server(server_thread_cls):
     """One worker, one waiting slot: easy to overload."""
-    settings = ServiceSettings(pool_size=1, max_queue=1, queue_timeout=20.0, default_memory_mb=256)
+    settings = ServiceSettings(min_pool_size=1, max_pool_size=1, max_queue=1, queue_timeout=20.0, default_memory_mb=256)
     with server_thread_cls(ProcessBackend(memory_mb=256, tmpfs_mb=16), settings) as server:
         yield server
 
@@ -54,7 +54,7 @@ async def test_overload_answers_503_fast_and_client_retries(tiny_server):
         slow = [asyncio.create_task(http.post("/run_code", json=body)) for _ in range(2)]
         deadline = time.monotonic() + 10
         service = tiny_server.service
-        while not (service._waiting == 1 and service.pool.idle() == 0) and time.monotonic() < deadline:
+        while not (service.pool.waiting() == 1 and service.pool.idle() == 0) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)  # one runs, one waits
         t0 = time.monotonic()
         refused = await http.post("/run_code", json=body)

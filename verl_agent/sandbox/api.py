@@ -1,7 +1,8 @@
 """Sandbox Fusion's HTTP API as pydantic models (field names and defaults match Sandbox Fusion's).
 
-Our one extension is sessions (see ``verl_agent.sandbox`` docs): ``POST /open_session`` issues a
-``session_id``; ``/run_code`` calls that carry it run in one live Python interpreter until
+Extensions: every run response has ``queue_time`` (seconds the request waited for a free sandbox,
+apart from the run's ``execution_time``; Sandbox Fusion clients ignore the extra field), and
+sessions (see ``verl_agent.sandbox``): ``POST /open_session`` issues a ``session_id``; ``/run_code`` calls that carry it run in one live Python interpreter until
 ``POST /close_session`` or the idle timeout. An id the server did not issue is refused.
 Unknown fields are ignored, as Sandbox Fusion does; a missing or mistyped field is a 422 naming it.
 """
@@ -60,6 +61,8 @@ class RunCodeResponse(BaseModel):
     run_result: CommandRunResult | None = None
     executor_pod_name: str | None = None
     files: dict[str, str] = Field(default_factory=dict)
+    queue_time: float = Field(0.0, description="extension: seconds waited for a free sandbox before the run "
+                                              "started (the run's own time is run_result.execution_time)")
 
 
 class RunJupyterRequest(BaseModel):
@@ -85,6 +88,7 @@ class RunJupyterResponse(BaseModel):
     cells: list[CellRunResult] = Field(default_factory=list)
     executor_pod_name: str | None = None
     files: dict[str, str] = Field(default_factory=dict)
+    queue_time: float = Field(0.0, description="extension: seconds waited for a free sandbox")
 
 
 class OpenSessionResponse(BaseModel):

@@ -1,4 +1,8 @@
-"""``verl-agent sandbox serve | up | down | build-image`` (wired into verl_agent/cli.py by the lead)."""
+"""``verl-agent sandbox serve | up | down | build-image`` (wired into verl_agent/cli.py).
+
+``serve`` runs the server in the foreground (``--min-pool-size`` warm sandboxes, grown on demand up
+to ``--max-pool-size``). ``up``/``down`` run it as a compose service (``docker/compose.yaml``) from
+images built offline (``image.py``); ``build-image`` builds the runner image alone."""
 
 from __future__ import annotations
 
@@ -13,47 +17,95 @@ from verl_agent.sandbox.service import ServiceSettings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_cli", "make_backend", "run_cli", "serve"]
+__all__ = ["add_cli", "compose_down", "compose_up", "make_backend", "run_cli", "serve"]
 
 
-def make_backend(name: str = "auto", image: str | None = None, memory_mb: int = 1024) -> SandboxBackend:
-    """``docker``, ``process``, or ``auto`` (docker when the daemon and image are there, else process)."""
+def make_backend(name: str = "auto", image: str | None = None, memory_mb: int = 1024,
+                 instance_id: str | None = None) -> SandboxBackend:
+    """``docker``, ``process``, or ``auto`` (docker when the daemon and image are there, else process).
+
+    ``instance_id`` names what this server leaves behind (docker: a container label; process: a cgroup
+    directory); a server started with the id of a crashed one removes what that one left, and only that."""
     from verl_agent.sandbox.backends.docker import DEFAULT_IMAGE, DockerBackend, docker_available
     from verl_agent.sandbox.backends.process import ProcessBackend
 
     if name == "auto":
         name = "docker" if docker_available() else "process"
     if name == "docker":
-        return DockerBackend(image=image or DEFAULT_IMAGE, memory_mb=memory_mb)
+        return DockerBackend(image=image or DEFAULT_IMAGE, memory_mb=memory_mb, instance_id=instance_id)
     if name == "process":
-        return ProcessBackend(memory_mb=memory_mb)
+        return ProcessBackend(memory_mb=memory_mb, instance_id=instance_id)
     raise ValueError(f"sandbox backend must be 'docker', 'process' or 'auto', got {name!r}")
 
 
-def serve(backend: str = "auto", host: str = "127.0.0.1", port: int = 8080, pool_size: int = 4,
-          image: str | None = None, max_queue: int = 64, log_level: str = "info") -> None:
+def serve(backend: str = "auto", host: str = "127.0.0.1", port: int = 8080, image: str | None = None,
+          log_level: str = "info", instance_id: str | None = None, **settings) -> None:
+    """Run the server in the foreground; ``settings`` are ``ServiceSettings`` fields (validated)."""
     import uvicorn
 
     from verl_agent.sandbox.server import create_app
     from verl_agent.sandbox.service import SandboxService
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ServiceSettings(pool_size=pool_size, max_queue=max_queue)
-    service = SandboxService(make_backend(backend, image), settings)
+    service = SandboxService(make_backend(backend, image, instance_id=instance_id), ServiceSettings(**settings))
     uvicorn.run(create_app(service), host=host, port=port, log_level=log_level)
 
 
-def _compose(*args: str) -> int:
-    compose = ["docker", "compose"] if _has_compose_plugin() else ["docker-compose"]
-    if compose == ["docker-compose"] and shutil.which("docker-compose") is None:
-        raise SystemExit("neither `docker compose` nor `docker-compose` is installed "
-                         "(apt-get install -y docker-compose); or run `verl-agent sandbox serve`")
+COMPOSE_PROJECT = "verl-agent-sandbox"
+
+
+def compose_command() -> list[str]:
+    """``docker compose`` (the plugin) where present, else Debian's ``docker-compose`` (1.29)."""
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose") is not None:
+        return ["docker-compose"]
+    raise SystemExit("neither `docker compose` nor `docker-compose` is installed (scripts/setup_docker.sh "
+                     "installs Debian's docker-compose); or run `verl-agent sandbox serve`")
+
+
+def _compose(project: str, env: dict[str, str], *args: str) -> int:
+    import os
+
     with resources.as_file(resources.files("verl_agent.sandbox") / "docker" / "compose.yaml") as path:
-        return subprocess.call([*compose, "-f", str(path), *args])
+        return subprocess.call([*compose_command(), "-p", project, "-f", str(path), *args], env={**os.environ, **env})
 
 
-def _has_compose_plugin() -> bool:
-    return subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+def compose_up(port: int = 8080, instance_id: str = "compose", project: str = COMPOSE_PROJECT,
+               min_pool_size: int = 4, max_pool_size: int = 32, wait_s: float = 180.0) -> str:
+    """Build the images offline, start the server with compose, wait until it answers; returns its URL."""
+    import time
+
+    import httpx
+
+    from verl_agent.sandbox.image import ensure_images
+
+    ServiceSettings(min_pool_size=min_pool_size, max_pool_size=max_pool_size)  # validate before starting
+    env = {"VERL_AGENT_SANDBOX_SERVER_IMAGE": ensure_images(server=True), "VERL_AGENT_SANDBOX_PORT": str(port),
+           "VERL_AGENT_SANDBOX_INSTANCE": instance_id, "VERL_AGENT_SANDBOX_MIN_POOL_SIZE": str(min_pool_size),
+           "VERL_AGENT_SANDBOX_MAX_POOL_SIZE": str(max_pool_size)}
+    if _compose(project, env, "up", "-d") != 0:
+        raise SystemExit(f"compose up failed (project {project})")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v1/ping", timeout=2).json() == "pong":
+                return url
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"the sandbox server did not answer on {url} within {wait_s:.0f} s "
+                     f"(docker logs {project}_server_1, or `docker compose -p {project} logs`)")
+
+
+def compose_down(instance_id: str = "compose", project: str = COMPOSE_PROJECT) -> int:
+    """Stop the compose server, then remove any runner container it left (its instance id only)."""
+    from verl_agent.sandbox.backends.docker import remove_containers
+
+    rc = _compose(project, {"VERL_AGENT_SANDBOX_INSTANCE": instance_id}, "down", "--timeout", "60")
+    remove_containers(instance_id)
+    return rc
 
 
 def add_cli(subparsers) -> None:
@@ -63,19 +115,48 @@ def add_cli(subparsers) -> None:
     s.add_argument("--backend", default="auto", choices=["auto", "docker", "process"])
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
-    s.add_argument("--pool-size", type=int, default=4)
+    d = ServiceSettings()
+    s.add_argument("--min-pool-size", "--pool-size", dest="min_pool_size", type=int, default=d.min_pool_size,
+                   help=f"warm sandboxes kept ready (default {d.min_pool_size}; --pool-size is an alias)")
+    s.add_argument("--max-pool-size", type=int, default=None,
+                   help=f"the pool grows on demand up to this many sandboxes (default max({d.max_pool_size}, "
+                        "--min-pool-size))")
+    s.add_argument("--pool-idle-timeout", type=float, default=d.pool_idle_timeout,
+                   help="seconds a sandbox above the warm minimum may sit idle before it is destroyed")
+    s.add_argument("--max-queue", type=int, default=d.max_queue,
+                   help="requests allowed to wait for a sandbox; more are answered 503 + Retry-After")
+    s.add_argument("--queue-timeout", type=float, default=d.queue_timeout,
+                   help="seconds a request may wait for a sandbox before a 503")
+    s.add_argument("--instance-id", default=None,
+                   help="this server's id (letters, digits, '-'); it removes only what a server with this id "
+                        "left behind (default: a fresh random id)")
     s.add_argument("--image", default=None)
-    s.add_argument("--max-queue", type=int, default=64)
     s.add_argument("--log-level", default="info")
     b = sub.add_parser("build-image", help="build the runner image offline (debootstrap + docker import)")
     b.add_argument("--force", action="store_true", help="rebuild even if the images exist")
-    sub.add_parser("up", help="docker compose up -d: build the runner image, start the server on 127.0.0.1:8080")
-    sub.add_parser("down", help="docker compose down and remove leftover runner containers")
+    up = sub.add_parser("up", help="build the images offline, `docker compose up -d` the server, wait for it")
+    up.add_argument("--port", type=int, default=8080, help="the server listens on 127.0.0.1:PORT")
+    up.add_argument("--min-pool-size", type=int, default=d.min_pool_size)
+    up.add_argument("--max-pool-size", type=int, default=d.max_pool_size)
+    down = sub.add_parser("down", help="docker compose down, then remove the runner containers it left")
+    for q in (up, down):
+        q.add_argument("--instance-id", default="compose", help="the server's instance id (container label)")
+        q.add_argument("--project", default=COMPOSE_PROJECT, help="the compose project name")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     if args.sandbox_cmd == "serve":
-        serve(args.backend, args.host, args.port, args.pool_size, args.image, args.max_queue, args.log_level)
+        max_pool = args.max_pool_size if args.max_pool_size is not None else max(
+            ServiceSettings.max_pool_size, args.min_pool_size)
+        try:
+            ServiceSettings(min_pool_size=args.min_pool_size, max_pool_size=max_pool,
+                            pool_idle_timeout=args.pool_idle_timeout, max_queue=args.max_queue,
+                            queue_timeout=args.queue_timeout)
+        except ValueError as e:
+            raise SystemExit(f"verl-agent sandbox serve: {e}") from e
+        serve(args.backend, args.host, args.port, args.image, args.log_level, args.instance_id,
+              min_pool_size=args.min_pool_size, max_pool_size=max_pool, pool_idle_timeout=args.pool_idle_timeout,
+              max_queue=args.max_queue, queue_timeout=args.queue_timeout)
         return 0
     if args.sandbox_cmd == "build-image":
         from verl_agent.sandbox.image import ensure_images
@@ -84,16 +165,12 @@ def run_cli(args: argparse.Namespace) -> int:
         print(ensure_images(force=args.force))
         return 0
     if args.sandbox_cmd == "up":
-        from verl_agent.sandbox.image import ensure_images
-
-        ensure_images()
-        return _compose("up", "-d", "--build")
+        logging.basicConfig(level="INFO")
+        url = compose_up(args.port, args.instance_id, args.project, args.min_pool_size, args.max_pool_size)
+        print(f"sandbox server up at {url} (Sandbox Fusion API); stop it with `verl-agent sandbox down`")
+        return 0
     if args.sandbox_cmd == "down":
-        from verl_agent.sandbox.backends.docker import DockerBackend
-
-        rc = _compose("down")
-        DockerBackend.remove_stale()
-        return rc
+        return compose_down(args.instance_id, args.project)
     raise ValueError(f"unknown sandbox command {args.sandbox_cmd!r}")
 
 

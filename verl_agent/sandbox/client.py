@@ -1,8 +1,10 @@
 """Async client for any Sandbox Fusion compatible server (ours or a real Sandbox Fusion deployment).
 
-Retries (jittered exponential backoff) only what a retry can fix: connection errors, HTTP 5xx and
-503 overload answers. A program's own failure (``Failed``) and a malformed request (422) come back
-at once. ``max_concurrency`` caps requests in flight from this client; ``transport`` is injectable
+Retries (jittered exponential backoff) only what a retry can fix: connection errors and HTTP 5xx,
+up to ``max_retries`` times; a 503 overload answer (the server's queue is full) is retried for up to
+``overload_retry_s`` seconds, waiting at least its ``Retry-After``, since overload clears as runs
+finish. A program's own failure (``Failed``) and a malformed request (422) come back at once.
+``retried`` counts the retries by cause (``overloaded``, ``http_5xx``, ``transport``). ``max_concurrency`` caps requests in flight from this client; ``transport`` is injectable
 (httpx.MockTransport, ASGITransport) for tests.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,7 @@ class ClientLimits:
     connect_timeout: float = 5.0
     request_slack: float = 30.0  # added to the run's own timeouts for the HTTP read timeout
     max_retries: int = 4
+    overload_retry_s: float = 60.0  # keep retrying 503 + Retry-After (overload) answers this long
     backoff_base: float = 0.25
     backoff_max: float = 8.0
     max_concurrency: int = 64
@@ -49,6 +53,7 @@ class SandboxClient:
             timeout=httpx.Timeout(None, connect=lim.connect_timeout),
         )
         self._slots = asyncio.Semaphore(lim.max_concurrency)
+        self.retried: dict[str, int] = {"overloaded": 0, "http_5xx": 0, "transport": 0}
 
     async def __aenter__(self) -> SandboxClient:
         return self
@@ -88,20 +93,34 @@ class SandboxClient:
     async def _post(self, path: str, body: dict, budget: float) -> dict:
         lim = self.limits
         async with self._slots:
-            for attempt in range(lim.max_retries + 1):
+            attempt, overload_until = 0, None
+            while True:
+                wait_at_least = 0.0
                 try:
                     resp = await self._http.post(path, json=body, timeout=httpx.Timeout(
                         budget + lim.request_slack, connect=lim.connect_timeout))
                 except httpx.TransportError as e:
-                    reason = f"{type(e).__name__}: {e}"
+                    reason, cause = f"{type(e).__name__}: {e}", "transport"
                 else:
                     if resp.status_code < 500:
                         resp.raise_for_status()  # 4xx: our request is wrong; retrying cannot help
                         return resp.json()
-                    reason = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                if attempt == lim.max_retries:
-                    break
-                delay = min(lim.backoff_max, lim.backoff_base * 2 ** attempt) * random.uniform(0.5, 1.0)
-                logger.debug("sandbox %s failed (%s); retry %d in %.2fs", path, reason, attempt + 1, delay)
+                    reason, cause = f"HTTP {resp.status_code}: {resp.text[:200]}", "http_5xx"
+                    retry_after = resp.headers.get("Retry-After", "")
+                    if resp.status_code == 503 and retry_after.isdigit():
+                        cause, wait_at_least = "overloaded", float(retry_after)
+                if cause == "overloaded":  # overload clears as runs finish: retry on a time budget
+                    overload_until = overload_until or time.monotonic() + lim.overload_retry_s
+                    if time.monotonic() + wait_at_least > overload_until:
+                        break
+                else:
+                    if attempt >= lim.max_retries:
+                        break
+                    attempt += 1
+                delay = min(lim.backoff_max, lim.backoff_base * 2 ** min(attempt, 16)) * random.uniform(0.5, 1.0)
+                delay = max(delay, wait_at_least * random.uniform(1.0, 1.5))  # spread the retries of a burst
+                self.retried[cause] += 1
+                logger.debug("sandbox %s failed (%s); retry in %.2fs", path, reason, delay)
                 await asyncio.sleep(delay)
-        raise SandboxUnavailable(f"sandbox at {self.url}{path}: {reason} (after {lim.max_retries + 1} attempts)")
+        raise SandboxUnavailable(f"sandbox at {self.url}{path}: {reason} (after {attempt + 1} attempts"
+                                 f"{' and ' + format(lim.overload_retry_s, '.0f') + ' s of overload' if overload_until else ''})")

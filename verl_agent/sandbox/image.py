@@ -1,14 +1,22 @@
-"""Build the runner image offline: debootstrap a Debian rootfs and ``docker import`` it.
+"""Build the images offline: debootstrap a Debian rootfs and ``docker import`` it; runner and server on top.
 
 No registry is reachable on our machines, so ``FROM debian`` cannot be pulled. Instead the base
 image is made from the Debian apt mirror (python3, bash, g++, nodejs; about a minute), a ``sandbox``
 user (uid 10001) is added, apt caches are dropped, and the tree is imported. The Dockerfile in
 ``docker/`` then builds the runner on top of it via ``--build-arg BASE_IMAGE=...``.
+
+The server image (for ``verl-agent sandbox up``) is the runner image plus what the server needs,
+all taken from this machine, no download: the ``verl_agent`` sandbox package, the installed
+distributions it imports (fastapi, uvicorn, httpx, pydantic and their dependencies, copied from this
+interpreter's site-packages; the base image's python3 has the same minor version) and the static
+``docker`` CLI (it starts runner containers through the mounted Docker socket). Its tag carries a
+hash of those files, so a changed server is rebuilt and an unchanged one is reused (seconds).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import subprocess
 import tempfile
@@ -17,10 +25,13 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BASE_IMAGE", "PACKAGES", "RUNNER_IMAGE", "build_base", "build_runner", "image_exists"]
+__all__ = ["BASE_IMAGE", "PACKAGES", "RUNNER_IMAGE", "SERVER_IMAGE", "build_base", "build_runner", "build_server",
+           "ensure_images", "image_exists"]
 
 BASE_IMAGE = "verl-agent-sandbox-base:bookworm"
 RUNNER_IMAGE = "verl-agent-sandbox-runner:latest"
+SERVER_IMAGE = "verl-agent-sandbox-server"  # tagged with a content hash, and :latest
+SERVER_DISTS = ["fastapi", "uvicorn", "httpx", "pydantic"]  # what verl_agent.sandbox imports to serve
 PACKAGES = ["python3", "g++", "nodejs", "ca-certificates"]
 MIRROR = "http://deb.debian.org/debian"
 
@@ -73,10 +84,98 @@ def _legacy_builder_env() -> dict:
     return {**os.environ, "DOCKER_BUILDKIT": "0"}
 
 
-def ensure_images(force: bool = False) -> str:
-    """Build base and runner images when missing (or when ``force``); returns the runner name."""
+def ensure_images(force: bool = False, server: bool = False) -> str:
+    """Build base and runner images (and the server image with ``server``) when missing or when
+    ``force``; returns the runner name, or the server's hashed tag with ``server``."""
     if force or not image_exists(BASE_IMAGE):
         build_base()
     if force or not image_exists(RUNNER_IMAGE):
         build_runner()
-    return RUNNER_IMAGE
+    return build_server(force=force) if server else RUNNER_IMAGE
+
+
+def _dist_closure(names: list[str]) -> list:
+    """The installed distributions ``names`` need at run time (extras and absent optional ones skipped)."""
+    from importlib import metadata
+
+    seen: dict[str, metadata.Distribution] = {}
+    todo = list(names)
+    while todo:
+        key = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if key in seen:
+            continue
+        try:
+            dist = metadata.distribution(key)
+        except metadata.PackageNotFoundError:
+            continue  # a requirement behind a marker that does not apply here (e.g. python_version < 3.11)
+        seen[key] = dist
+        for req in dist.requires or []:
+            if "extra ==" in req.replace("extra==", "extra =="):
+                continue
+            m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+            if m:
+                todo.append(m.group(1))
+    return list(seen.values())
+
+
+def _stage_server(ctx: Path) -> str:
+    """Copy what the server image needs into ``ctx``; returns a hash of it all."""
+    import hashlib
+    import sys
+
+    if sys.version_info[:2] != (3, 11):
+        raise RuntimeError(f"the server image copies this interpreter's packages into the runner image's "
+                           f"Python 3.11; run `verl-agent sandbox up` from a Python 3.11 environment "
+                           f"(this is {sys.version.split()[0]})")
+    docker = shutil.which("docker")
+    if docker is None:
+        raise RuntimeError("the server image needs the docker CLI on this machine (scripts/setup_docker.sh)")
+    digest = hashlib.sha256()
+    site = ctx / "site-packages"
+    files: list[tuple[Path, Path]] = []
+    for dist in sorted(_dist_closure(SERVER_DISTS), key=lambda d: d.metadata["Name"].lower()):
+        for rel in dist.files or []:
+            src = Path(dist.locate_file(rel))
+            if rel.parts[0] == ".." or "__pycache__" in rel.parts or not src.is_file():
+                continue  # console scripts outside site-packages, byte code
+            files.append((src, site / rel))
+    pkg = resources.files("verl_agent")
+    with resources.as_file(pkg) as root:
+        root = Path(root)
+        files.append((root / "__init__.py", site / "verl_agent" / "__init__.py"))
+        for src in sorted((root / "sandbox").rglob("*")):
+            if src.is_file() and "__pycache__" not in src.parts:
+                files.append((src, site / "verl_agent" / src.relative_to(root)))
+        files.append((Path(docker), ctx / "docker"))
+        for src, dst in files:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            digest.update(str(dst.relative_to(ctx)).encode() + b"\0" + src.read_bytes())
+    dockerfile = (pkg / "sandbox" / "docker" / "server.Dockerfile").read_bytes()
+    (ctx / "server.Dockerfile").write_bytes(dockerfile)
+    digest.update(dockerfile + image_id(RUNNER_IMAGE).encode())
+    return digest.hexdigest()[:12]
+
+
+def image_id(name: str) -> str:
+    out = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", name], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def build_server(force: bool = False) -> str:
+    """Build (or reuse) the server image on top of the runner image; returns its hashed tag."""
+    with tempfile.TemporaryDirectory(prefix="verl-sbx-server-") as tmp:
+        ctx = Path(tmp)
+        tag = f"{SERVER_IMAGE}:{_stage_server(ctx)}"
+        if force or not image_exists(tag):
+            _run(["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={RUNNER_IMAGE}", "-t", tag, "-t",
+                  f"{SERVER_IMAGE}:latest", "-f", str(ctx / "server.Dockerfile"), str(ctx)],
+                 stdout=subprocess.DEVNULL, env=_legacy_builder_env())
+        else:
+            _run(["docker", "tag", tag, f"{SERVER_IMAGE}:latest"])
+    listed = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", SERVER_IMAGE],
+                            capture_output=True, text=True).stdout.split()
+    stale = [t for t in listed if t not in (tag, f"{SERVER_IMAGE}:latest")]
+    if stale:  # earlier builds of the server (our repository name only); a running one keeps its layers
+        subprocess.run(["docker", "image", "rm", *stale], capture_output=True)
+    return tag

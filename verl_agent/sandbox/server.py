@@ -85,9 +85,8 @@ def create_app(service: SandboxService, max_body_bytes: int = 64 << 20) -> FastA
 
     @app.get("/v1/health")
     async def health() -> dict:
-        return {"backend": service.backend.name, "idle_workers": service.pool.idle(),
-                "pool_size": service.settings.pool_size, "sessions": len(service.sessions),
-                "recycled": service.pool.recycled, "stats": service.stats,
+        return {"backend": service.backend.name, "idle_workers": service.pool.idle(), "pool": service.pool.stats(),
+                "sessions": len(service.sessions), "recycled": service.pool.recycled, "stats": service.stats,
                 "guarantees": service.backend.guarantees(), "languages": sorted(service.languages)}
 
     @app.post("/run_code", response_model=RunCodeResponse, response_model_exclude_none=False)

@@ -1,9 +1,15 @@
 """The sandbox service: turns API requests into agent jobs on pooled workers, and back.
 
+Pool: ``min_pool_size`` warm sandboxes always; when every one is busy the pool starts more, one per
+waiting request, up to ``max_pool_size``, and destroys those idle for ``pool_idle_timeout`` seconds
+down to the minimum again. Concurrent runs share the CPU (each sandbox has a CPU quota of its own,
+no pinning), so a burst of runs time out on their own wall-clock deadlines instead of queueing.
+
 Admission: at most ``max_queue`` requests wait for a worker; beyond that, or after ``queue_timeout``
 seconds of waiting, a request fails fast with ``Overloaded`` (HTTP 503 + Retry-After; clients
 retry). A worker that crashes or hangs past the server-side deadline is destroyed and replaced, and
-its request answers ``SandboxError``: never lost silently, never a 500.
+its request answers ``SandboxError``: never lost silently, never a 500. Every response carries
+``queue_time``: the seconds it waited for a sandbox, apart from the run's own ``execution_time``.
 """
 
 from __future__ import annotations
@@ -35,7 +41,11 @@ class Overloaded(RuntimeError):
 
 @dataclass
 class ServiceSettings:
-    pool_size: int = 4
+    """Server settings (CLI: ``verl-agent sandbox serve --min-pool-size ... --max-pool-size ...``)."""
+
+    min_pool_size: int = 4  # warm sandboxes kept ready at all times (0: start each one on demand)
+    max_pool_size: int = 32  # the pool grows on demand up to this many sandboxes running at once
+    pool_idle_timeout: float = 60.0  # a sandbox idle this long is destroyed while above min_pool_size
     max_queue: int = 64
     queue_timeout: float = 30.0
     max_output_bytes: int = 1 << 20  # per stream; the rest is drained and replaced by a marker
@@ -45,6 +55,18 @@ class ServiceSettings:
     max_uses: int = 200
     max_sessions: int = 32
     session_idle_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_pool_size <= self.max_pool_size or self.max_pool_size < 1:
+            raise ValueError(f"sandbox settings: need 0 <= min_pool_size <= max_pool_size and max_pool_size >= 1, "
+                             f"got min_pool_size={self.min_pool_size}, max_pool_size={self.max_pool_size}")
+        for name in ("pool_idle_timeout", "queue_timeout", "session_idle_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"sandbox settings: {name} must be > 0 seconds, got {getattr(self, name)}")
+        for name, low in (("max_queue", 0), ("max_sessions", 0), ("max_output_bytes", 1), ("max_file_bytes", 1),
+                          ("default_memory_mb", 1), ("max_memory_mb", 1), ("max_uses", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"sandbox settings: {name} must be >= {low}, got {getattr(self, name)}")
 
 
 def _rel_path(path: str, field: str) -> str:
@@ -69,9 +91,9 @@ class SandboxService:
     def __init__(self, backend: SandboxBackend, settings: ServiceSettings | None = None):
         self.backend, self.settings = backend, settings or ServiceSettings()
         s = self.settings
-        self.pool = WorkerPool(backend, s.pool_size, max_uses=s.max_uses)
+        self.pool = WorkerPool(backend, s.min_pool_size, s.max_pool_size, idle_timeout=s.pool_idle_timeout,
+                               max_uses=s.max_uses)
         self.sessions = SessionManager(self.pool, s.max_sessions, s.session_idle_timeout)
-        self._waiting = 0
         self.languages = set(backend.languages())
         self.stats = {"runs": 0, "sandbox_errors": 0, "overloaded": 0}
 
@@ -79,46 +101,53 @@ class SandboxService:
         t0 = time.monotonic()
         await self.pool.start()
         self.sessions.start()
-        logger.info("sandbox backend %r: %d warm workers in %.1fs; guarantees: %s", self.backend.name,
-                    self.settings.pool_size, time.monotonic() - t0, self.backend.guarantees())
+        logger.info("sandbox backend %r: %d warm workers (up to %d on demand) in %.1fs; guarantees: %s",
+                    self.backend.name, self.settings.min_pool_size, self.settings.max_pool_size,
+                    time.monotonic() - t0, self.backend.guarantees())
 
     async def close(self) -> None:
         await self.sessions.close_all()
         await self.pool.close()
         await self.backend.close()
 
-    async def _acquire(self) -> Worker:
+    async def _acquire(self) -> tuple[Worker, float]:
+        """A worker and the seconds waited for it; ``Overloaded`` when the queue is full or too slow."""
         worker = self.pool.try_acquire()
         if worker is not None:
-            return worker
-        if self._waiting >= self.settings.max_queue:
+            return worker, 0.0
+        if self.pool.waiting() >= self.settings.max_queue:
             self.stats["overloaded"] += 1
-            raise Overloaded(f"{self._waiting} requests already waiting for a sandbox; retry later")
-        self._waiting += 1
+            raise Overloaded(f"{self.pool.waiting()} requests already waiting for a sandbox; retry later")
+        t0 = time.monotonic()
         try:
-            return await asyncio.wait_for(self.pool.acquire(), self.settings.queue_timeout)
+            worker = await self.pool.acquire(self.settings.queue_timeout)
         except asyncio.TimeoutError as e:
             self.stats["overloaded"] += 1
             raise Overloaded(f"no sandbox free within {self.settings.queue_timeout:.0f}s; retry later") from e
-        finally:
-            self._waiting -= 1
+        except WorkerError as e:  # shutting down
+            raise Overloaded(str(e)) from e
+        return worker, round(time.monotonic() - t0, 4)
 
-    async def _call(self, job: dict, deadline: float) -> tuple[dict | None, str, str | None]:
-        """Run ``job`` on a pooled worker: (reply, error message, worker name)."""
-        worker = await self._acquire()
+    async def _session_worker(self) -> Worker:
+        return (await self._acquire())[0]
+
+    async def _call(self, job: dict, deadline: float) -> tuple[dict | None, str, str | None, float]:
+        """Run ``job`` on a pooled worker: (reply, error message, worker name, queue wait in seconds)."""
+        worker, waited = await self._acquire()
         try:
             reply = await worker.call(job, deadline)
         except WorkerError as e:
             self.pool.discard(worker)
             self.stats["sandbox_errors"] += 1
             logger.warning("%s; replaced", e)
-            return None, f"{e}; the sandbox was replaced", worker.name
+            return None, f"{e}; the sandbox was replaced", worker.name, waited
         except BaseException:
             self.pool.discard(worker)  # cancelled mid-run: state unknown
             raise
-        timed_out = any(s.get("status") != "Finished" for s in reply.get("steps", []) + reply.get("cells", []))
-        self.pool.release(worker, bool(reply.get("dirty")) or timed_out)
-        return reply, "", worker.name
+        # A timed-out run is as clean as a finished one once the agent has killed everything and
+        # wiped scratch (it says ``dirty`` otherwise), so the sandbox is reused either way.
+        self.pool.release(worker, bool(reply.get("dirty")))
+        return reply, "", worker.name, waited
 
     def _job(self, req: RunCodeRequest) -> tuple[dict, float]:
         lang = LANGUAGES[req.language]
@@ -148,11 +177,13 @@ class SandboxService:
             return RunCodeResponse(status=RunStatus.Failed, message=str(e))
         if req.session_id is not None:
             return await self._session_run(req, job, deadline)
-        reply, error, name = await self._call(job, deadline)
+        reply, error, name, waited = await self._call(job, deadline)
         if reply is None:
-            return RunCodeResponse(status=RunStatus.SandboxError, message=error, executor_pod_name=name)
+            return RunCodeResponse(status=RunStatus.SandboxError, message=error, executor_pod_name=name,
+                                   queue_time=waited)
         if "error" in reply:
-            return RunCodeResponse(status=RunStatus.Failed, message=reply["error"], executor_pod_name=name)
+            return RunCodeResponse(status=RunStatus.Failed, message=reply["error"], executor_pod_name=name,
+                                   queue_time=waited)
         steps = reply["steps"]
         compiled = LANGUAGES[req.language].compile is not None
         compile_step, run_step = (steps[0], steps[1] if len(steps) > 1 else None) if compiled else (None, steps[0])
@@ -161,7 +192,7 @@ class SandboxService:
         return RunCodeResponse(
             status=RunStatus.Success if ok else RunStatus.Failed, message=message,
             compile_result=_result(compile_step), run_result=_result(run_step),
-            executor_pod_name=name, files=reply.get("files", {}),
+            executor_pod_name=name, files=reply.get("files", {}), queue_time=waited,
         )
 
     async def _session_run(self, req: RunCodeRequest, job: dict, deadline: float) -> RunCodeResponse:
@@ -171,7 +202,7 @@ class SandboxService:
         job.update(op="session", code=req.code, timeout=req.run_timeout)
         job["files"].pop(LANGUAGES[req.language].source, None)
         try:
-            reply = await self.sessions.call(req.session_id, job, deadline, self._acquire)
+            reply = await self.sessions.call(req.session_id, job, deadline, self._session_worker)
         except SessionError as e:
             return RunCodeResponse(status=RunStatus.SandboxError, message=str(e))
         if "error" in reply:
@@ -193,11 +224,13 @@ class SandboxService:
                    "max_output": self.settings.max_output_bytes, "max_file": self.settings.max_file_bytes}
         except ValueError as e:
             return RunJupyterResponse(status=RunStatus.Failed, message=str(e))
-        reply, error, name = await self._call(job, req.total_timeout + GRACE_S)
+        reply, error, name, waited = await self._call(job, req.total_timeout + GRACE_S)
         if reply is None:
-            return RunJupyterResponse(status=RunStatus.SandboxError, message=error, executor_pod_name=name)
+            return RunJupyterResponse(status=RunStatus.SandboxError, message=error, executor_pod_name=name,
+                                      queue_time=waited)
         if "error" in reply:
-            return RunJupyterResponse(status=RunStatus.Failed, message=reply["error"], executor_pod_name=name)
+            return RunJupyterResponse(status=RunStatus.Failed, message=reply["error"], executor_pod_name=name,
+                                      queue_time=waited)
         cells = reply["cells"]
         failed = next((c for c in cells if c["status"] != "Finished"), None)
         ok = failed is None and not any(c["error"] for c in cells) and len(cells) == len(req.cells)
@@ -206,5 +239,5 @@ class SandboxService:
         return RunJupyterResponse(
             status=RunStatus.Success if ok else RunStatus.Failed, driver=driver, executor_pod_name=name,
             cells=[{k: c[k] for k in ("stdout", "stderr", "display", "error")} for c in cells],
-            files=reply.get("files", {}), message="; ".join(reply.get("fetch_errors", [])),
+            files=reply.get("files", {}), message="; ".join(reply.get("fetch_errors", [])), queue_time=waited,
         )

@@ -2,9 +2,13 @@
 
 A backend only says how to start a sandbox (an argv whose stdin/stdout reach the agent) and how to
 destroy it. Everything else is shared: the JSON-lines protocol, the server-side hard deadline
-(the agent is never trusted to stop on time), and recycling: a worker whose run timed out, whose
-agent reported leftovers, that hit ``max_uses``, or that broke the protocol is destroyed and a
-fresh one is started in the background; a clean one goes back to the pool for the next run.
+(the agent is never trusted to stop on time), and recycling: a worker whose agent reported it may
+be dirty (a process survived the kill, scratch space not wiped, SysV IPC in use), that hit
+``max_uses``, or that broke the protocol or the server-side deadline is destroyed (a replacement
+starts in the background when the pool needs one); a clean one goes back to the pool for the next
+run. A run that timed out is clean once the agent has killed every other process and wiped the
+scratch space, exactly as after a run that exited: its sandbox is reused, so timeouts under load
+do not turn into a stream of container starts.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from importlib import resources
 
@@ -121,67 +127,188 @@ class SandboxBackend:
 
 
 class WorkerPool:
-    """``size`` warm workers; acquire never creates a sandbox unless the pool is being refilled."""
+    """An elastic pool: ``min_size`` warm workers always, grown on demand up to ``max_size``.
 
-    def __init__(self, backend: SandboxBackend, size: int, max_uses: int = 200, spawn_timeout: float = 60.0):
-        if size < 1:
-            raise ValueError(f"pool size must be >= 1, got {size}")
-        self.backend, self.size, self.max_uses, self.spawn_timeout = backend, size, max_uses, spawn_timeout
-        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
+    ``acquire`` takes an idle worker (the most recently used, so the longest-idle ones age out) or,
+    when none is idle, waits in FIFO order for the first worker that frees up or is started for it:
+    each waiter beyond the workers already starting starts one more sandbox while the pool is below
+    ``max_size``. Workers idle for ``idle_timeout`` seconds are destroyed while the pool is above
+    ``min_size``. A destroyed worker (dirty, broken, worn out) is replaced only to keep ``min_size``
+    or to serve a waiter, so a burst grows the pool and a quiet period shrinks it back.
+    """
+
+    def __init__(self, backend: SandboxBackend, min_size: int, max_size: int | None = None,
+                 idle_timeout: float = 60.0, max_uses: int = 200, spawn_timeout: float = 60.0):
+        max_size = max(min_size, 1) if max_size is None else max_size
+        if min_size < 0 or max_size < 1 or max_size < min_size:
+            raise ValueError(f"sandbox pool: need 0 <= min_pool_size <= max_pool_size and max_pool_size >= 1, "
+                             f"got min_pool_size={min_size}, max_pool_size={max_size}")
+        if idle_timeout <= 0:
+            raise ValueError(f"sandbox pool: pool_idle_timeout must be > 0 seconds, got {idle_timeout}")
+        self.backend, self.min_size, self.max_size = backend, min_size, max_size
+        self.idle_timeout, self.max_uses, self.spawn_timeout = idle_timeout, max_uses, spawn_timeout
+        self._idle: deque[tuple[Worker, float]] = deque()  # (worker, idle since); right end = most recent
+        self._waiters: deque[asyncio.Future] = deque()
+        self._busy = self._starting = 0
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
-        self.recycled = 0
+        self.recycled = self.spawned = self.shrunk = 0
+        self.peak = 0
 
     async def start(self) -> None:
-        await asyncio.gather(*(self._refill() for _ in range(self.size)))
+        self._starting += self.min_size
+        self.peak = self.total()
+        await asyncio.gather(*(self._spawn() for _ in range(self.min_size)))
+        self._background(self._shrink_loop())
 
-    async def acquire(self) -> Worker:
-        return await self._idle.get()
+    # -- sizes ----------------------------------------------------------------------------------------
+    def idle(self) -> int:
+        return len(self._idle)
 
+    def waiting(self) -> int:
+        return sum(not f.done() for f in self._waiters)
+
+    def total(self) -> int:
+        """Workers owned by the pool: idle + running a request + starting."""
+        return len(self._idle) + self._busy + self._starting
+
+    def stats(self) -> dict:
+        return {"idle": len(self._idle), "busy": self._busy, "starting": self._starting, "waiting": self.waiting(),
+                "total": self.total(), "peak": self.peak, "min_pool_size": self.min_size,
+                "max_pool_size": self.max_size, "spawned": self.spawned, "recycled": self.recycled,
+                "shrunk": self.shrunk}
+
+    # -- taking and giving back -----------------------------------------------------------------------
     def try_acquire(self) -> Worker | None:
         """An idle worker at once, or None."""
-        try:
-            return self._idle.get_nowait()
-        except asyncio.QueueEmpty:
+        if not self._idle:
             return None
+        self._busy += 1
+        return self._idle.pop()[0]
 
-    def idle(self) -> int:
-        return self._idle.qsize()
+    async def acquire(self, timeout: float | None = None) -> Worker:
+        """The next free worker (growing the pool if allowed); ``asyncio.TimeoutError`` after ``timeout`` s."""
+        worker = self.try_acquire()
+        if worker is not None:
+            return worker
+        if self._closed:
+            raise WorkerError("the sandbox pool is shut down")
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._grow()
+        try:
+            await asyncio.wait({fut}, timeout=timeout)
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # a worker was handed over as we were cancelled
+                self._busy -= 1
+                self._give(fut.result())
+            self._abandon(fut)
+            raise
+        if fut.done() and not fut.cancelled():
+            return fut.result()
+        self._abandon(fut)
+        raise asyncio.TimeoutError
+
+    def _abandon(self, fut: asyncio.Future) -> None:
+        fut.cancel()
+        try:
+            self._waiters.remove(fut)
+        except ValueError:
+            pass
 
     def release(self, worker: Worker, dirty: bool) -> None:
+        """A request is done with ``worker``: back to the pool, or destroyed when it may hold leftovers."""
         if dirty or worker.broken or worker.uses >= self.max_uses or self._closed:
             self.discard(worker)
         else:
-            self._idle.put_nowait(worker)
+            self._busy -= 1
+            self._give(worker)
 
     def discard(self, worker: Worker) -> None:
-        """Destroy ``worker`` and start a replacement, both in the background."""
+        """Destroy ``worker`` (in the background) and start a replacement if one is needed."""
+        self._busy -= 1
         self.recycled += 1
         self._background(worker.destroy())
-        if not self._closed:
-            self._background(self._refill())
+        self._replenish()
 
     def detach(self, worker: Worker) -> None:
-        """``worker`` leaves the pool for good (a session owns it now); start a replacement."""
-        if not self._closed:
-            self._background(self._refill())
+        """``worker`` leaves the pool for good (a session owns it now); keep the warm minimum."""
+        self._busy -= 1
+        self._replenish()
 
-    async def _refill(self) -> None:
-        delay = 0.5
-        while not self._closed:
-            try:
-                worker = await self.backend.spawn()
-                await worker.ready(self.spawn_timeout)
-            except (OSError, WorkerError) as e:
-                logger.warning("starting a %s sandbox failed (%s); retrying in %.1fs", self.backend.name, e, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
-                continue
-            if self._closed:
-                await worker.destroy()
-            else:
-                self._idle.put_nowait(worker)
+    def _give(self, worker: Worker) -> None:
+        """Hand ``worker`` to the first live waiter, else park it idle."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self._busy += 1
+                fut.set_result(worker)
+                return
+        self._idle.append((worker, time.monotonic()))
+
+    # -- growing and shrinking ------------------------------------------------------------------------
+    def _replenish(self) -> None:
+        if self._closed:
             return
+        short = self.min_size - self.total()
+        for _ in range(max(short, 0)):
+            self._start_one()
+        self._grow()
+
+    def _grow(self) -> None:
+        """One new sandbox per waiter not already covered by a starting one, up to ``max_size``."""
+        need = min(self.waiting() - self._starting, self.max_size - self.total())
+        for _ in range(max(need, 0)):
+            self._start_one()
+
+    def _start_one(self) -> None:
+        self._starting += 1
+        self.peak = max(self.peak, self.total())
+        self._background(self._spawn())
+
+    async def _spawn(self) -> None:
+        """Start one sandbox (retrying with back-off while the backend fails) and give it out."""
+        delay, worker = 0.5, None
+        try:
+            while worker is None and not self._closed:
+                try:
+                    worker = await self.backend.spawn()
+                    await worker.ready(self.spawn_timeout)
+                except (OSError, WorkerError) as e:
+                    if worker is not None:
+                        await worker.destroy()
+                        worker = None
+                    logger.warning("starting a %s sandbox failed (%s); retrying in %.1fs", self.backend.name, e, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+                except BaseException:
+                    if worker is not None:
+                        await asyncio.shield(worker.destroy())
+                    raise
+        finally:
+            self._starting -= 1
+        if worker is None:
+            return
+        self.spawned += 1
+        if self._closed:
+            await worker.destroy()
+        else:
+            self._give(worker)
+
+    async def _shrink_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(min(max(self.idle_timeout / 4, 0.05), 5.0))
+            self.shrink()
+
+    def shrink(self) -> int:
+        """Destroy workers idle for ``idle_timeout`` seconds while the pool is above ``min_size``."""
+        now, removed = time.monotonic(), 0
+        while self._idle and self.total() > self.min_size and now - self._idle[0][1] >= self.idle_timeout:
+            worker, _ = self._idle.popleft()  # the longest idle
+            self._background(worker.destroy())
+            removed += 1
+        self.shrunk += removed
+        return removed
 
     def _background(self, coro: Awaitable) -> None:
         task = asyncio.ensure_future(coro)
@@ -190,10 +317,12 @@ class WorkerPool:
 
     async def close(self) -> None:
         self._closed = True
+        for fut in self._waiters:
+            fut.cancel()
+        self._waiters.clear()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        workers = []
-        while not self._idle.empty():
-            workers.append(self._idle.get_nowait())
+        workers = [w for w, _ in self._idle]
+        self._idle.clear()
         await asyncio.gather(*(w.destroy() for w in workers), return_exceptions=True)

@@ -27,73 +27,16 @@ import subprocess
 import uuid
 
 from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv
+from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, IsolationError, judge, parse_probe
 from verl_agent.sandbox.languages import LANGUAGES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_IMAGE", "DockerBackend", "IsolationError", "docker_available"]
+__all__ = ["DEFAULT_IMAGE", "DockerBackend", "IsolationError", "docker_available", "remove_containers"]
 
 DEFAULT_IMAGE = "verl-agent-sandbox-runner:latest"
 LABEL = "verl-agent.sandbox=1"
 SERVER_LABEL = "verl-agent.sandbox.server"
-
-# Runs as PID 1 of a container started with the runner's flags; prints {guarantee: [ok, detail]}.
-# Nothing leaves the container: the network check only connects when lo is the sole interface
-# (then the connect fails at once with ENETUNREACH).
-PROBE = r'''
-import errno, json, os, socket, sys
-want = json.loads(sys.argv[1])
-r = {}
-r["non_root_uid"] = (0 not in (os.getuid(), os.geteuid(), os.getgid(), os.getegid()), f"uid {os.getuid()}")
-names = sorted(n for _, n in socket.if_nameindex())
-net = names == ["lo"]
-if net:
-    s = socket.socket()
-    s.settimeout(2)
-    try:
-        s.connect(("203.0.113.1", 80))
-        net = False
-    except OSError as e:
-        net = e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH)
-    finally:
-        s.close()
-r["no_network"] = (net, f"interfaces {names}")
-r["read_only_system"] = (bool(os.statvfs("/").f_flag & os.ST_RDONLY), "root mount read-only flag")
-status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
-caps = {k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb") if k in status}
-r["no_capabilities"] = (len(caps) == 5 and all(int(v, 16) == 0 for v in caps.values())
-                        and status.get("NoNewPrivs", "").strip() == "1", f"{caps} NoNewPrivs={status.get('NoNewPrivs', '?').strip()}")
-r["own_pid_namespace"] = (os.getpid() == 1, f"pid {os.getpid()}")
-env = [e.split(b"=", 1)[0].decode() for e in open("/proc/self/environ", "rb").read().split(b"\0") if e]
-extra = sorted(set(env) - {"PATH", "HOSTNAME", "HOME"})  # as exec'd: python's own LC_CTYPE coercion aside
-r["clean_env"] = (not extra, f"extra variables {extra}")
-def first(*paths):
-    for p in paths:
-        try:
-            return open(p).read().split()[0]
-        except OSError:
-            pass
-    return None
-mem = first("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max")
-r["memory_limit"] = (mem is not None and mem.isdigit() and int(mem) <= want["memory"], f"memory limit {mem}")
-pids = first("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")
-r["pids_limit"] = (pids is not None and pids.isdigit() and int(pids) <= want["pids"], f"pids.max {pids}")
-cpu = first("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu.max")
-r["cpu_limit"] = (cpu is not None and cpu.lstrip("-").isdigit() and int(cpu) > 0, f"cpu quota {cpu}")
-tmp = {}
-for d in ("/tmp", "/var/tmp"):
-    st = os.statvfs(d)
-    tmp[d] = st.f_blocks * st.f_frsize
-mounts = {line.split()[1]: line.split()[2] for line in open("/proc/mounts")}
-r["disk_limit"] = (all(0 < v <= want["tmp"] for v in tmp.values()), f"scratch sizes {tmp}")
-r["private_tmp"] = (all(mounts.get(d) == "tmpfs" for d in tmp) and os.access("/tmp", os.W_OK), f"mounts {[mounts.get(d) for d in tmp]}")
-print(json.dumps(r))
-'''
-
-
-class IsolationError(RuntimeError):
-    """A guarantee of the threat model does not hold on this host; the backend refuses to serve."""
-
 
 def docker_available(timeout: float = 10.0) -> bool:
     """True when the docker CLI exists and the daemon answers."""
@@ -103,6 +46,17 @@ def docker_available(timeout: float = 10.0) -> bool:
         return subprocess.run(["docker", "info"], capture_output=True, timeout=timeout).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def remove_containers(instance_id: str) -> int:
+    """Remove the runner containers labelled with ``instance_id`` (and no other); returns how many."""
+    found = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={SERVER_LABEL}={instance_id}"],
+                           capture_output=True, text=True)
+    ids = found.stdout.split()
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+        logger.info("removed %d sandbox containers of instance %s", len(ids), instance_id)
+    return len(ids)
 
 
 class DockerBackend(SandboxBackend):
@@ -131,16 +85,14 @@ class DockerBackend(SandboxBackend):
         want = {"memory": self.memory_mb << 20, "pids": self.pids, "tmp": self.tmpfs_mb << 20}
         argv = ["docker", "run", "--rm", *self._flags(self.new_name("verl-sbx-probe")), self.image,
                 "/usr/bin/python3", "-I", "-c", PROBE, json.dumps(want)]
+        done = None
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-            found = {k: (bool(v[0]), str(v[1])) for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+            found = parse_probe(done.stdout)
         except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, TypeError) as e:
-            why = (locals().get("done") and done.stderr.strip()[-300:]) or f"{type(e).__name__}: {e}"
+            why = (done is not None and done.stderr.strip()[-300:]) or f"{type(e).__name__}: {e}"
             raise IsolationError(f"docker backend: the isolation probe did not run ({why}); refusing to serve") from e
-        failed = {k: detail for k, (ok, detail) in found.items() if not ok}
-        if failed:
-            names = ", ".join(f"{k} ({detail})" for k, detail in failed.items())
-            raise IsolationError(f"docker backend: isolation guarantee failed at start-up: {names}; refusing to serve")
+        judge("docker", found, set(GUARANTEES))  # docker claims every guarantee
         logger.info("docker backend %s: every guarantee probed and holds: %s", self.instance_id, sorted(found))
         return found
 
@@ -176,13 +128,7 @@ class DockerBackend(SandboxBackend):
 
     def remove_stale(self) -> int:
         """Remove runner containers with this backend's instance id (never another server's)."""
-        found = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={SERVER_LABEL}={self.instance_id}"],
-                               capture_output=True, text=True)
-        ids = found.stdout.split()
-        if ids:
-            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
-            logger.info("removed %d sandbox containers of instance %s", len(ids), self.instance_id)
-        return len(ids)
+        return remove_containers(self.instance_id)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.remove_stale)

@@ -5,17 +5,33 @@ namespaces), the host's /usr read-only, a private size-limited /tmp, /var/tmp an
 environment, run as a dedicated non-root uid when the server is root. Where cgroup v1 ``memory``,
 ``pids`` and ``cpu`` hierarchies are writable, each sandbox gets its own group with limits; otherwise
 only rlimits apply and ``guarantees()`` says so.
+
+Probed, not assumed: at start-up one sandbox started exactly like a worker runs the shared probe
+(``backends/probe.py``: uid, network, read-only root, capabilities, PID namespace, environment,
+scratch mounts) and the host checks from outside that it sits in its cgroups with the configured
+limits. Every guarantee the backend claims (all of them, the cgroup limits only where cgroup v1 is
+writable) must hold, or the backend refuses to serve (``IsolationError`` naming it).
+
+Cgroups live under ``verl-sandbox/<instance id>/``; a backend removes only its own instance's
+groups, so a restarted server given the same ``instance_id`` cleans up after its predecessor.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import resource
 import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
 from pathlib import Path
 
 from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv
+from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, IsolationError, judge, parse_probe
 from verl_agent.sandbox.languages import available_languages
 
 logger = logging.getLogger(__name__)
@@ -30,29 +46,104 @@ class ProcessBackend(SandboxBackend):
     name = "process"
 
     def __init__(self, uid: int = 10001, memory_mb: int = 1024, pids: int = 128, cpus: float = 1.0,
-                 tmpfs_mb: int = 64, nproc: int = 4096):
+                 tmpfs_mb: int = 64, nproc: int = 4096, instance_id: str | None = None):
         self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
             raise RuntimeError("process backend needs bubblewrap: apt-get install -y bubblewrap")
         self.uid = uid if os.geteuid() == 0 else None
         self.memory_mb, self.pids, self.cpus, self.tmpfs_mb, self.nproc = memory_mb, pids, cpus, tmpfs_mb, nproc
+        self.instance_id = instance_id or uuid.uuid4().hex
+        if not self.instance_id.replace("-", "").isalnum():
+            raise ValueError(f"process backend: instance_id must be letters, digits and '-', got {instance_id!r}")
         self._cgroups = self._cgroup_ok()
+        if self._cgroups:
+            self.remove_stale()  # only ours: a predecessor with the same instance id
+        self._guarantees = self.probe()
 
     def _cgroup_ok(self) -> bool:
         return os.geteuid() == 0 and all(os.access(CGROUP_ROOT / c, os.W_OK) for c in ("memory", "pids", "cpu"))
 
+    def claimed(self) -> set[str]:
+        """What this backend promises here: everything, the cgroup limits only where it can set them."""
+        limits = {"memory_limit", "pids_limit", "cpu_limit"}
+        return set(GUARANTEES) - (set() if self._cgroups else limits)
+
     def guarantees(self) -> dict[str, bool]:
+        return {k: ok and k in self.claimed() for k, (ok, _) in self._guarantees.items()}
+
+    def probe(self) -> dict[str, tuple[bool, str]]:
+        """Start one sandbox as a worker is started, measure every guarantee, refuse on a claimed failure."""
+        name = self.new_name("verl-sbx-probe")
+        groups = self._make_cgroups(name) if self._cgroups else []
+        want = {"memory": self.memory_mb << 20, "pids": self.pids, "tmp": self.tmpfs_mb << 20,
+                "cgroups_inside": False, "hold": True}
+        argv = self._argv(["/usr/bin/python3", "-I", "-c", PROBE, json.dumps(want)])
+        proc = None
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, preexec_fn=self._preexec(groups), env={"PATH": "/usr/bin:/bin"},
+                                    cwd="/")
+            timer = threading.Timer(60.0, proc.kill)
+            timer.start()
+            try:
+                line = proc.stdout.readline()
+                found = parse_probe(line)
+                found.update(self._probe_cgroups(proc.pid, groups))  # seen from the host, while it runs
+            finally:
+                timer.cancel()
+        except (OSError, ValueError, TypeError) as e:
+            why = f"{type(e).__name__}: {e}"
+            if proc is not None:
+                proc.kill()
+                why += f"; stderr: {proc.stderr.read().strip()[-300:]}"
+            raise IsolationError(f"process backend: the isolation probe did not run ({why}); refusing to serve") from e
+        finally:
+            if proc is not None:
+                if proc.stdin:
+                    proc.stdin.close()
+                proc.wait()
+            for group in groups:
+                _remove_cgroup(group)
+        judge("process", found, self.claimed())
+        logger.info("process backend %s: claimed guarantees probed and hold: %s", self.instance_id,
+                    sorted(self.claimed()))
+        return found
+
+    def _probe_cgroups(self, pid: int, groups: list[Path]) -> dict[str, tuple[bool, str]]:
+        """The sandbox's cgroup membership and limits as the kernel reports them (``/proc/<pid>/cgroup``)."""
+        if not self._cgroups:
+            why = "no writable cgroup v1 hierarchy (not claimed: rlimits only)"
+            return {k: (False, why) for k in ("memory_limit", "pids_limit", "cpu_limit")}
+        member = {}
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f.read().splitlines():
+                _, ctrls, path = line.split(":", 2)
+                for ctrl in ctrls.split(","):
+                    member[ctrl] = path
+
+        def limit(ctrl: str, key: str) -> str | None:
+            try:
+                return (CGROUP_ROOT / ctrl / member.get(ctrl, "/").lstrip("/") / key).read_text().strip()
+            except OSError:
+                return None
+
+        rel = [g.relative_to(CGROUP_ROOT).parts for g in groups]  # (controller, "verl-sandbox", instance, name)
+        mine = {parts[0]: "/" + "/".join(parts[1:]) for parts in rel}
+        inside = {c: member.get(c) == mine.get(c) for c in ("memory", "pids", "cpu")}
+        mem, pids, cpu = limit("memory", "memory.limit_in_bytes"), limit("pids", "pids.max"), limit("cpu", "cpu.cfs_quota_us")
         return {
-            "no_network": True, "own_pid_namespace": True, "private_tmp": True, "read_only_system": True,
-            "clean_env": True, "non_root_uid": self.uid is not None or os.geteuid() != 0,
-            "memory_limit": self._cgroups, "pids_limit": self._cgroups, "cpu_limit": self._cgroups,
-            "disk_limit": True,
+            "memory_limit": (inside["memory"] and mem is not None and mem.isdigit() and int(mem) <= self.memory_mb << 20,
+                             f"memory cgroup {member.get('memory')} limit {mem}"),
+            "pids_limit": (inside["pids"] and pids is not None and pids.isdigit() and int(pids) <= self.pids,
+                           f"pids cgroup {member.get('pids')} pids.max {pids}"),
+            "cpu_limit": (inside["cpu"] and cpu is not None and cpu.lstrip("-").isdigit() and int(cpu) > 0,
+                          f"cpu cgroup {member.get('cpu')} quota {cpu}"),
         }
 
     def languages(self) -> list[str]:
         return available_languages(lambda p: os.path.exists(p))
 
-    def _argv(self) -> list[str]:
+    def _argv(self, command: list[str] | None = None) -> list[str]:
         size = str(self.tmpfs_mb << 20)
         argv = [self.bwrap, "--unshare-all", "--die-with-parent", "--as-pid-1", "--new-session",
                 "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
@@ -63,7 +154,7 @@ class ProcessBackend(SandboxBackend):
                 "--chdir", "/tmp"]
         for path in _ETC:
             argv += ["--ro-bind-try", path, path]
-        return argv + ["--remount-ro", "/", "--"] + agent_argv()  # bwrap's root tmpfs: read-only too
+        return argv + ["--remount-ro", "/", "--"] + (command or agent_argv())  # bwrap's root tmpfs: read-only too
 
     def _preexec(self, groups: list[Path]):
         """Runs in the child before exec: join the cgroups (before bwrap forks), limits, drop root."""
@@ -111,7 +202,7 @@ class ProcessBackend(SandboxBackend):
         }
         made = []
         for ctrl, files in limits.items():
-            group = CGROUP_ROOT / ctrl / "verl-sandbox" / name
+            group = CGROUP_ROOT / ctrl / "verl-sandbox" / self.instance_id / name
             try:
                 group.mkdir(parents=True, exist_ok=True)
                 for key, value in files.items():
@@ -121,9 +212,41 @@ class ProcessBackend(SandboxBackend):
                 logger.warning("cgroup %s for %s not applied: %s", ctrl, name, e)
         return made
 
+    def remove_stale(self) -> int:
+        """Kill what is left in this instance's cgroups and remove them (never another server's)."""
+        removed = 0
+        for ctrl in ("memory", "pids", "cpu"):
+            root = CGROUP_ROOT / ctrl / "verl-sandbox" / self.instance_id
+            if not root.is_dir():
+                continue
+            for group in [p for p in root.iterdir() if p.is_dir()]:
+                deadline = time.monotonic() + 5.0
+                while time.monotonic() < deadline:  # kill until empty: a group with tasks cannot be removed
+                    try:
+                        pids = (group / "cgroup.procs").read_text().split()
+                    except OSError:
+                        break
+                    if not pids:
+                        break
+                    for pid in pids:
+                        try:
+                            os.kill(int(pid), signal.SIGKILL)
+                        except (OSError, ValueError):
+                            pass
+                    time.sleep(0.02)
+                removed += _remove_cgroup(group)
+            _remove_cgroup(root)
+        return removed
 
-def _remove_cgroup(group: Path) -> None:
+    async def close(self) -> None:
+        for ctrl in ("memory", "pids", "cpu"):
+            _remove_cgroup(CGROUP_ROOT / ctrl / "verl-sandbox" / self.instance_id)  # empty by now (or swept later)
+
+
+def _remove_cgroup(group: Path) -> bool:
     try:
         group.rmdir()
+        return True
     except OSError as e:  # a group still holding a dying process; the next cleanup sweep retries
         logger.debug("cgroup %s not removed yet: %s", group, e)
+        return False

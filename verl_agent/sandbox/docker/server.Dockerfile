@@ -1,9 +1,13 @@
-# Image of the sandbox *server* (the runner image is ./Dockerfile). Needs a Python base image, i.e. a
-# reachable registry; on offline machines run the server on the host instead: `verl-agent sandbox serve`.
-ARG PYTHON_IMAGE=python:3.11-slim
-FROM ${PYTHON_IMAGE}
-WORKDIR /app
-COPY . /app
-RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
- && pip install --no-cache-dir -e /app
-CMD ["python", "-m", "verl_agent.sandbox.cli", "serve", "--backend", "docker", "--host", "127.0.0.1", "--port", "8080"]
+# Image of the sandbox *server*, built offline by `verl-agent sandbox up` (verl_agent/sandbox/image.py):
+# the runner image (debootstrap Debian, python3) plus, from the build machine, the verl_agent sandbox
+# package, the Python distributions it imports and the static docker CLI. No registry, no pip.
+ARG BASE_IMAGE=verl-agent-sandbox-runner:latest
+FROM ${BASE_IMAGE}
+LABEL org.opencontainers.image.title="verl-agent sandbox server"
+USER 0:0
+COPY docker /usr/local/bin/docker
+COPY site-packages /opt/verl-agent/site-packages
+ENV PYTHONPATH=/opt/verl-agent/site-packages PYTHONDONTWRITEBYTECODE=1
+WORKDIR /opt/verl-agent
+# Root only to reach the Docker socket; the code it runs goes to runner containers (uid 10001, no network).
+ENTRYPOINT ["/usr/bin/python3", "-m", "verl_agent.sandbox.cli", "serve", "--backend", "docker"]

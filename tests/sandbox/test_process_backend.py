@@ -1,0 +1,119 @@
+"""Process backend start-up: what it claims is probed in a real sandbox (and its cgroups from the host);
+a weakened sandbox is refused naming the guarantee; what it does not claim is reported, not refused."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from verl_agent.sandbox.backends.probe import GUARANTEES, IsolationError
+from verl_agent.sandbox.backends.process import CGROUP_ROOT, ProcessBackend
+
+SMALL = dict(memory_mb=256, pids=32, tmpfs_mb=16)
+
+
+def weakened(argv=None, cgroups=None, claim_cgroups=False):
+    class Weakened(ProcessBackend):
+        def _argv(self, command=None):
+            a = super()._argv(command)
+            return argv(a) if argv else a
+
+        def _make_cgroups(self, name):
+            made = super()._make_cgroups(name)
+            return cgroups(made) if cgroups else made
+
+        def _cgroup_ok(self):
+            return True if claim_cgroups else super()._cgroup_ok()
+
+    return Weakened
+
+
+def _drop(flag, n=1):
+    def change(a):
+        i = a.index(flag)
+        return a[:i] + a[i + n:]
+    return change
+
+
+def _insert_before_dashdash(*extra):
+    def change(a):
+        i = a.index("--")
+        return a[:i] + list(extra) + a[i:]
+    return change
+
+
+@pytest.mark.parametrize("guarantee,kwargs", [
+    ("no_network", dict(argv=_insert_before_dashdash("--share-net"))),
+    ("read_only_system", dict(argv=_drop("--remount-ro", 2))),
+    ("clean_env", dict(argv=_insert_before_dashdash("--setenv", "LEAKED_TOKEN", "x"))),
+    ("no_capabilities", dict(argv=_insert_before_dashdash("--cap-add", "CAP_SYS_PTRACE"))),
+    ("disk_limit", dict(argv=lambda a: _unsized(a))),
+    ("memory_limit", dict(cgroups=lambda made: [g for g in made if "memory" not in g.parts])),
+])
+def test_a_weakened_sandbox_is_refused_naming_the_guarantee(guarantee, kwargs):
+    with pytest.raises(IsolationError, match=f"process backend: isolation guarantee failed at start-up: .*{guarantee} "
+                                             ".*refusing to serve"):
+        weakened(**kwargs)(**SMALL)
+
+
+def _unsized(a):
+    """Drop every ``--size N`` (tmpfs mounts without a size limit)."""
+    out, skip = [], False
+    for x in a:
+        if skip:
+            skip = False
+        elif x == "--size":
+            skip = True
+        else:
+            out.append(x)
+    return out
+
+
+def test_claimed_guarantees_are_measured():
+    backend = ProcessBackend(**SMALL)
+    found = backend._guarantees
+    assert set(found) == set(GUARANTEES)
+    assert all(found[k][0] for k in backend.claimed()), found
+    if backend._cgroups:  # root with cgroup v1 here: limits read from the kernel, from outside the sandbox
+        assert found["memory_limit"][1].endswith(f"limit {256 << 20}") and found["pids_limit"][1].endswith("pids.max 32")
+        assert backend.guarantees() == dict.fromkeys(GUARANTEES, True)
+    asyncio.run(backend.close())
+
+
+def test_unclaimed_cgroup_limits_are_reported_not_refused():
+    class NoCgroups(ProcessBackend):
+        def _cgroup_ok(self):
+            return False
+
+    backend = NoCgroups(**SMALL)
+    g = backend.guarantees()
+    assert not g["memory_limit"] and not g["pids_limit"] and not g["cpu_limit"]
+    assert all(g[k] for k in set(GUARANTEES) - {"memory_limit", "pids_limit", "cpu_limit"})
+    assert "not claimed" in backend._guarantees["memory_limit"][1]
+
+
+def test_a_backend_removes_only_its_own_cgroups():
+    a, b = ProcessBackend(**SMALL), ProcessBackend(**SMALL)
+    if not a._cgroups:
+        pytest.skip("no writable cgroup v1 hierarchy")
+
+    async def scenario():
+        wa, wb = await a.spawn(), await b.spawn()
+        await wa.ready(30)
+        await wb.ready(30)
+        mine = CGROUP_ROOT / "memory" / "verl-sandbox" / a.instance_id / wa.name
+        theirs = CGROUP_ROOT / "memory" / "verl-sandbox" / b.instance_id / wb.name
+        assert mine.is_dir() and theirs.is_dir()
+        restarted = await asyncio.to_thread(ProcessBackend, instance_id=a.instance_id, **SMALL)  # after a crash
+        assert not mine.exists() and theirs.is_dir()
+        assert wa.proc.returncode is not None or await asyncio.wait_for(wa.proc.wait(), 5) is not None
+        assert wb.proc.returncode is None  # the other server's sandbox runs on
+        await wb.destroy()
+        await wa.destroy()
+        for backend in (a, b, restarted):
+            await backend.close()
+        assert not Path(CGROUP_ROOT / "memory" / "verl-sandbox" / b.instance_id).exists()
+
+    asyncio.run(scenario())

@@ -1,0 +1,96 @@
+"""The start-up isolation probe shared by both backends: a real sandbox measures each guarantee.
+
+A backend starts one sandbox exactly as it starts a worker, but runs ``PROBE`` in it instead of the
+agent. The probe reports ``{guarantee: [ok, detail]}`` as seen from inside; the backend adds what
+only the host can see (the process backend's cgroup membership and limits) and ``judge`` refuses
+to serve when any guarantee the backend claims does not hold.
+"""
+
+from __future__ import annotations
+
+import json
+
+__all__ = ["GUARANTEES", "PROBE", "IsolationError", "judge", "parse_probe"]
+
+GUARANTEES = ("non_root_uid", "no_network", "read_only_system", "no_capabilities", "own_pid_namespace", "clean_env",
+              "memory_limit", "pids_limit", "cpu_limit", "disk_limit", "private_tmp")
+
+
+class IsolationError(RuntimeError):
+    """A guarantee of the threat model does not hold on this host; the backend refuses to serve."""
+
+
+# Runs as PID 1 of a container started with the runner's flags; prints {guarantee: [ok, detail]}.
+# Nothing leaves the container: the network check only connects when lo is the sole interface
+# (then the connect fails at once with ENETUNREACH).
+PROBE = r'''
+import errno, json, os, socket, sys
+want = json.loads(sys.argv[1])
+r = {}
+r["non_root_uid"] = (0 not in (os.getuid(), os.geteuid(), os.getgid(), os.getegid()), f"uid {os.getuid()}")
+names = sorted(n for _, n in socket.if_nameindex())
+net = names == ["lo"]
+if net:
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(("203.0.113.1", 80))
+        net = False
+    except OSError as e:
+        net = e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH)
+    finally:
+        s.close()
+r["no_network"] = (net, f"interfaces {names}")
+r["read_only_system"] = (bool(os.statvfs("/").f_flag & os.ST_RDONLY), "root mount read-only flag")
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+caps = {k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb") if k in status}
+r["no_capabilities"] = (len(caps) == 5 and all(int(v, 16) == 0 for v in caps.values())
+                        and status.get("NoNewPrivs", "").strip() == "1", f"{caps} NoNewPrivs={status.get('NoNewPrivs', '?').strip()}")
+r["own_pid_namespace"] = (os.getpid() == 1, f"pid {os.getpid()}")
+env = [e.split(b"=", 1)[0].decode() for e in open("/proc/self/environ", "rb").read().split(b"\0") if e]
+# names only: PATH, HOSTNAME, HOME (docker), PWD (bwrap) carry no secret; anything else is a leak
+extra = sorted(set(env) - {"PATH", "HOSTNAME", "HOME", "PWD"})
+r["clean_env"] = (not extra, f"extra variables {extra}")
+def first(*paths):
+    for p in paths:
+        try:
+            return open(p).read().split()[0]
+        except OSError:
+            pass
+    return None
+if want.get("cgroups_inside", True):
+    mem = first("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max")
+    r["memory_limit"] = (mem is not None and mem.isdigit() and int(mem) <= want["memory"], f"memory limit {mem}")
+    pids = first("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")
+    r["pids_limit"] = (pids is not None and pids.isdigit() and int(pids) <= want["pids"], f"pids.max {pids}")
+    cpu = first("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu.max")
+    r["cpu_limit"] = (cpu is not None and cpu.lstrip("-").isdigit() and int(cpu) > 0, f"cpu quota {cpu}")
+tmp = {}
+for d in ("/tmp", "/var/tmp"):
+    st = os.statvfs(d)
+    tmp[d] = st.f_blocks * st.f_frsize
+mounts = {line.split()[1]: line.split()[2] for line in open("/proc/mounts")}
+r["disk_limit"] = (all(0 < v <= want["tmp"] for v in tmp.values()), f"scratch sizes {tmp}")
+r["private_tmp"] = (all(mounts.get(d) == "tmpfs" for d in tmp) and os.access("/tmp", os.W_OK), f"mounts {[mounts.get(d) for d in tmp]}")
+print(json.dumps(r), flush=True)
+if want.get("hold"):
+    sys.stdin.read()  # stay alive until the host has looked at us from outside
+'''
+
+
+def parse_probe(stdout: str) -> dict[str, tuple[bool, str]]:
+    """The probe's JSON line; ``ValueError`` when it printed none."""
+    lines = stdout.strip().splitlines()
+    if not lines:
+        raise ValueError("the probe printed nothing")
+    return {k: (bool(v[0]), str(v[1])) for k, v in json.loads(lines[-1]).items()}
+
+
+def judge(backend: str, found: dict[str, tuple[bool, str]], claimed: set[str]) -> dict[str, tuple[bool, str]]:
+    """Raise ``IsolationError`` naming every claimed guarantee that failed (or was not measured)."""
+    missing = {k: "not measured" for k in claimed if k not in found}
+    failed = {**{k: d for k, (ok, d) in found.items() if k in claimed and not ok}, **missing}
+    if failed:
+        names = ", ".join(f"{k} ({detail})" for k, detail in sorted(failed.items()))
+        raise IsolationError(f"{backend} backend: isolation guarantee failed at start-up: {names}; refusing to serve")
+    return found
