@@ -76,7 +76,9 @@ async def test_search_tool_speaks_verls_retrieval_api(retrieval, tmp_path):
     tools = load_tools(write(tmp_path, "s.yaml", SEARCH_TOOL_YAML.replace("timeout: 30", "timeout: 30\n      topk: 2"),
                              retrieval.url))
     before = len(retrieval.app.state.requests)
-    async with ToolSession(tools, {}, timeout=10) as s:
+    search_r1_row = {"search": {"create_kwargs": {"ground_truth": {"target": ["1586"]}, "question": "q",
+                                                  "data_source": "searchR1_nq"}}}  # verl's Search-R1 preprocessing
+    async with ToolSession(tools, search_r1_row, timeout=10) as s:
         r = await s.call(ToolCall("search", {"query_list": ["Brask founded", "Tulm known for"]}))
         bad = await s.call(ToolCall("search", {"query_list": []}))
     assert retrieval.app.state.requests[before:] == [

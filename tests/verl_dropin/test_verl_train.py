@@ -152,7 +152,7 @@ def ray_local():
 
 
 SMALL = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-         "data.max_response_length=96", "trainer.total_training_steps=1", "trainer.num_cpu_workers=1",
+         "data.max_response_length=128", "trainer.total_training_steps=1", "trainer.num_cpu_workers=1",
          "trainer.logger=[console]", "trainer.val_before_train=false", "trainer.resume_mode=disable"]
 
 
@@ -167,3 +167,12 @@ def test_one_training_step_on_verls_files(kind, request, ray_local, tiny_model_p
     step = result.history[0]
     assert result.steps == 1 and step["rollout/num_trajectories"] == 4 and step["rollout/infra_failed"] == 0.0
     assert math.isfinite(step["actor/pg_loss"])
+    records = [json.loads(x) for x in (tmp_path / "run" / "trajectories" / "step_1.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and {r["data_source"] for r in records} == {"openai/gsm8k"}
+    assert all(r["reward"] in (0.0, 1.0) and r["outcome"] != "infra_failure" for r in records)
+    if kind == "tool":  # the worker built verl's three tools: their schemas are in the prompt
+        assert all(f'"name": "{n}"' in r["prompt_text"] for r in records
+                   for n in ("calc_gsm8k_reward", "search", "code_interpreter"))
+    else:  # the worker's Gsm8kInteraction answered every reply that was not "#### <truth>"
+        answered = [m["content"] for r in records for m in r["messages"][2:] if m["role"] == "user"]
+        assert answered and set(answered) == {INCORRECT}
