@@ -1,4 +1,4 @@
-"""The verl-equivalent built-ins behave as verl's: GSM8K scoring, Gsm8kTool, Gsm8kInteraction, the retrieval search tool.
+"""The verl-equivalent built-ins behave as verl's: GSM8K scoring, Gsm8kTool, Gsm8kInteraction, retrieval search.
 
 Expected values are worked out by hand from verl's code (verl/utils/reward_score/gsm8k.py,
 verl/tools/gsm8k_tool.py, verl/interactions/gsm8k_interaction.py, verl/tools/utils/search_r1_like_utils.py).

@@ -135,7 +135,7 @@ def solution(answer_raw: str) -> str:
 
 
 def gsm8k_rows(kind: str, split: str = "train") -> list[dict[str, Any]]:
-    """Rows as gsm8k_multiturn_w_tool.py (kind "tool") or gsm8k_multiturn_w_interaction.py ("interaction") makes them."""
+    """Rows as verl's gsm8k_multiturn_w_tool.py (kind "tool") or _w_interaction.py ("interaction") makes them."""
     rows = []
     for idx, (question_raw, answer_raw) in enumerate(PROBLEMS):
         question, truth = f"{question_raw} {INSTRUCTION}", solution(answer_raw)

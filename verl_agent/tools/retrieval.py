@@ -79,7 +79,8 @@ class RetrievalSearchTool(BaseTool):
         c = self.config
         self.url = str(c.get("retrieval_service_url") or "")
         if not self.url:
-            raise ValueError(f"{self.name}: config 'retrieval_service_url' is required (e.g. http://127.0.0.1:8000/retrieve)")
+            raise ValueError(f"{self.name}: config 'retrieval_service_url' is required "
+                             "(e.g. http://127.0.0.1:8000/retrieve)")
         self.topk = int(c.get("topk", 3))
         self.timeout = float(c.get("timeout", 30))
         self.max_retries = int(c.get("max_retries", 3))
@@ -87,7 +88,8 @@ class RetrievalSearchTool(BaseTool):
         if c.get("enable_global_rate_limit", True):
             caps.append(int(c.get("rate_limit", 120)))
         if self.topk < 1 or self.timeout <= 0 or self.max_retries < 0 or min(caps) < 1:
-            raise ValueError(f"{self.name}: topk, num_workers and rate_limit must be >= 1, timeout > 0, max_retries >= 0")
+            raise ValueError(f"{self.name}: topk, num_workers and rate_limit must be >= 1, timeout > 0 "
+                             "and max_retries >= 0")
         self._slots = asyncio.Semaphore(min(caps))
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout),
                                        limits=httpx.Limits(max_connections=min(caps)))
@@ -140,9 +142,9 @@ class RetrievalSearchTool(BaseTool):
         except (ValueError, KeyError, TypeError) as e:
             ok, result = False, f"{type(e).__name__}: {e}"
         if not ok:
-            raise ToolUnavailable(f"retrieval service {self.url} answered a body that is not "
-                                  f"{{'result': [[{{'document': {{'contents': str}}, 'score': float}}]] x {n} queries}}: "
-                                  f"{str(result)[:200]}", cause="retrieval_error")
+            shape = "{'result': [[{'document': {'contents': str}, 'score': float}, ...]]}"
+            raise ToolUnavailable(f"retrieval service {self.url} answered a body that is not {shape} with "
+                                  f"{n} lists: {str(result)[:200]}", cause="retrieval_error")
         return result
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
