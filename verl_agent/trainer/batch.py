@@ -1,13 +1,15 @@
 """Training sequences: one trajectory as the trainer sees it.
 
 A `TrainSeq` holds the full token ids (prompt + response, exactly as the engine produced them)
-and per-response-token tensors (loss mask, log-probs, advantages, ...). `actor.py` cuts them
+and per-response-token tensors (loss mask, log-probs, advantages, ...), plus the assistant turns
+(boundaries, scores, anchor states) that the turn-level estimators read. `actor.py` cuts them
 into micro-batches of similar lengths and lays per-token fields out padded ``[B, T]`` with
 `pad_field`, because the loss functions in `losses.py` take ``[B, T]`` with a response mask.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from verl_agent.protocol import Trajectory
 
-__all__ = ["TrainSeq", "from_trajectory", "pad_field"]
+__all__ = ["TrainSeq", "from_trajectory", "pad_field", "anchor_keys"]
 
 
 @dataclass
@@ -34,6 +36,9 @@ class TrainSeq:
     old_values: Tensor | None = None
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    turns: list[tuple[int, int]] = field(default_factory=list)  # (gen_start, gen_end) per assistant turn
+    turn_scores: list[float] = field(default_factory=list)  # Turn.score per turn
+    turn_keys: list[Hashable] = field(default_factory=list)  # anchor state each turn starts from (gigpo)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -53,7 +58,24 @@ def from_trajectory(t: Trajectory) -> TrainSeq:
         input_ids=list(t.prompt_ids) + list(t.response_ids), prompt_len=len(t.prompt_ids),
         loss_mask=torch.tensor(t.loss_mask, dtype=torch.float32), uid=t.uid, score=float(t.reward),
         rollout_log_probs=torch.tensor(t.rollout_logprobs, dtype=torch.float32),
+        turns=[(x.gen_start, x.gen_end) for x in t.turns], turn_scores=[float(x.score) for x in t.turns],
+        turn_keys=anchor_keys(t),
     )  # fmt: skip
+
+
+def anchor_keys(t: Trajectory) -> list[Hashable]:
+    """The state each turn starts from (GiGPO's anchor): the interaction's ``state_key`` when it gave
+    one, else the token ids of the observation just before the turn (the prompt for the first turn)."""
+    keys: list[Hashable] = []
+    for k, turn in enumerate(t.turns):
+        if turn.state_key is not None:
+            keys.append(("state", turn.state_key))
+        elif k == 0:
+            keys.append(("obs", *t.prompt_ids))
+        else:
+            prev = t.turns[k - 1]
+            keys.append(("obs", *t.response_ids[prev.gen_end : prev.obs_end]))
+    return keys
 
 
 def pad_field(values: list[Tensor], device: torch.device | str | None = None) -> Tensor:

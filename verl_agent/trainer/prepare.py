@@ -5,6 +5,10 @@
     metrics, kl = assign_advantages(seqs, algorithm, kl_coef, all_reduce)
     seqs, kept = filter_groups(seqs, algorithm.filter_groups.metric, all_reduce)
 
+Rewards: each turn's score (interaction, tools, or a reward function's per-turn list) sits on
+the turn's last model token and the rest of the trajectory's reward on its last model token, so
+a row's token rewards sum to its reward and the turn estimators see where it was earned.
+
 Failure rules: infrastructure failures and filtered prompts never reach the loss, and
 a group (same uid) that lost members to them and keeps fewer than 2 is dropped, since
 a group estimator cannot compare one sample with nothing. GRPO groups are whole on one
@@ -25,9 +29,9 @@ from verl_agent.trainer.algorithms import (
 from verl_agent.trainer.batch import TrainSeq, from_trajectory, pad_field
 
 __all__ = ["GROUP_ESTIMATORS", "train_seqs", "assign_advantages", "filter_groups", "log_prob_metrics",
-           "apply_rollout_correction"]
+           "apply_rollout_correction", "turn_token_rewards", "turn_index"]
 
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_turn", "gigpo")
 
 
 def _local(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -40,7 +44,11 @@ def train_seqs(trajs: list[Trajectory], group_estimator: bool) -> tuple[list[Tra
     usable = [t for t in trajs if t.trainable]
     size, left = Counter(t.uid for t in trajs), Counter(t.uid for t in usable)
     dropped = {uid for uid in left if group_estimator and left[uid] < size[uid] and left[uid] < 2}
-    seqs = [from_trajectory(t) for t in usable if t.uid not in dropped]
+    seqs = []
+    for i, t in enumerate(trajs):
+        if t.trainable and t.uid not in dropped:
+            seqs.append(from_trajectory(t))
+            seqs[-1].extra["trajectory"] = i  # its position in `trajs` (the step's records carry its advantages)
     counts = {"train/excluded_trajectories": float(len(trajs) - len(usable)),
               "train/dropped_groups": float(len(dropped)), "train/sequences": float(len(seqs))}
     return seqs, counts
@@ -53,8 +61,7 @@ def assign_advantages(seqs: list[TrainSeq], algo, kl_coef: float, all_reduce: Al
     With algorithm.use_kl_in_reward the token rewards get ``- kl_coef * KL(old || ref)``.
     """
     mask = pad_field([s.loss_mask for s in seqs]) if seqs else torch.zeros(0, 1)
-    scores = torch.tensor([s.score for s in seqs], dtype=torch.float32)
-    token_rewards = scores_to_token_rewards(scores, mask)
+    token_rewards = turn_token_rewards(seqs, mask)
     metrics, kl_mean = {}, 0.0
     if algo.use_kl_in_reward:
         if seqs and (seqs[0].ref_log_probs is None or seqs[0].old_log_probs is None):
@@ -76,7 +83,8 @@ def assign_advantages(seqs: list[TrainSeq], algo, kl_coef: float, all_reduce: Al
         adv, ret = compute_advantages(
             algo.adv_estimator, response_mask=mask, token_rewards=token_rewards, group_index=[s.uid for s in seqs],
             values=values, gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-            all_reduce=all_reduce,
+            all_reduce=all_reduce, turn_index=turn_index(seqs, mask.shape[1]), turn_keys=[s.turn_keys for s in seqs],
+            step_weight=algo.gigpo.step_weight, timestep_unit=algo.gae_timestep_unit,
         )  # fmt: skip
         for i, s in enumerate(seqs):
             s.advantages, s.returns = adv[i, : s.response_len].clone(), ret[i, : s.response_len].clone()
@@ -86,11 +94,42 @@ def assign_advantages(seqs: list[TrainSeq], algo, kl_coef: float, all_reduce: Al
             empty = torch.zeros(0, 1)
             compute_advantages(algo.adv_estimator, response_mask=empty, token_rewards=empty, group_index=[],
                                values=empty if algo.adv_estimator == "gae" else None, gamma=algo.gamma,
-                               lam=algo.lam, all_reduce=all_reduce)  # fmt: skip
+                               lam=algo.lam, all_reduce=all_reduce, timestep_unit=algo.gae_timestep_unit,
+                               turn_index=torch.full((0, 1), -1, dtype=torch.long))  # fmt: skip
         abs_sum = 0.0
     tot = all_reduce(torch.tensor([abs_sum, float(mask.sum())], dtype=torch.float64))
     metrics["actor/advantage_abs_mean"] = float(tot[0] / tot[1].clamp(min=1))
     return metrics, kl_mean
+
+
+def _spans(s: TrainSeq) -> list[tuple[int, int]]:
+    """The sequence's turns, or one turn over the whole response when it has none (offline data)."""
+    return s.turns or [(0, s.response_len)]
+
+
+def turn_token_rewards(seqs: list[TrainSeq], mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] token rewards: each turn's score on its last model token (or the closest model token before
+    it), the rest of the reward (reward - sum of turn scores) on the row's last model token."""
+    scores = torch.tensor([s.score - sum(s.turn_scores) for s in seqs], dtype=torch.float32)
+    out = scores_to_token_rewards(scores, mask)
+    for i, s in enumerate(seqs):
+        model_pos = s.loss_mask.nonzero().flatten().tolist()
+        for (_, end), score in zip(_spans(s), s.turn_scores):
+            before = [p for p in model_pos if p < end]
+            if score and (before or model_pos):
+                out[i, before[-1] if before else model_pos[-1]] += score
+    return out
+
+
+def turn_index(seqs: list[TrainSeq], width: int) -> torch.Tensor:
+    """[B, width] long: the turn of each response position (a turn runs from its first token to the next
+    turn's first token; positions before the first turn count as turn 0), -1 on padding."""
+    out = torch.full((len(seqs), width), -1, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        starts = torch.tensor([start for start, _ in _spans(s)], dtype=torch.long)
+        pos = torch.arange(s.response_len)
+        out[i, : s.response_len] = (torch.searchsorted(starts, pos, right=True) - 1).clamp(min=0)
+    return out
 
 
 def filter_groups(seqs: list[TrainSeq], metric: str, all_reduce: AllReduce = _local
