@@ -10,10 +10,13 @@ encoding and recording. Three runs of the same conversations:
   native   the native AgentLoop-style work without HTTP: the recorder driven in-process
   httpx    agents post raw JSON with httpx (the endpoint's cost as a server sees it)
   openai   agents use the official `openai` SDK (adds the SDK's own client-side cost)
-"overhead per call" = (wall time of a run - wall time of the in-process run) / calls; the
-per-call wall time of a run is wall / calls with all agents in flight on one event loop
-(one core), so it is the throughput cost, not one request's latency. Each figure is the fastest
-of --repeat runs.
+  remote   httpx agents in a child process: this process only serves, so its CPU time per call is
+           the endpoint's own cost (HTTP parsing, validation, encoding, recording), no client's
+"overhead per call" = (time of a run - time of the in-process run) / calls, for the wall time and
+for the process's CPU time (server and clients share one event loop, one core: the figure is the
+throughput cost, not one request's latency, and it includes the client library's own work). CPU
+time is the steadier figure on a shared machine: waiting for a core does not count. Each figure
+is the lowest of --repeat runs.
 """
 
 from __future__ import annotations
@@ -73,7 +76,50 @@ async def _agent_inprocess(server, sid, messages, turns):
         messages = [*messages, msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "444"}]
 
 
-async def _run(kind: str, agents: int, turns: int) -> tuple[float, int]:
+class _remote_agents:
+    """httpx agents in a child process (`--child`); awaiting this waits for them and keeps their wall time."""
+
+    def __init__(self, urls: list[str], turns: int) -> None:
+        self.urls, self.turns, self.wall, self.idle_cpu = urls, turns, 0.0, 0.0
+
+    def __await__(self):
+        return self._go().__await__()
+
+    async def _go(self) -> None:
+        c0 = time.process_time()
+        proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--child", str(self.turns),
+                                                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        proc.stdin.write((json.dumps(self.urls) + "\n").encode())
+        await proc.stdin.drain()
+        await proc.stdout.readline()  # "ready": clients built, imports done
+        self.idle_cpu = time.process_time() - c0  # what this process spent while the child started (not the endpoint's)
+        t0 = time.perf_counter()
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+        line = await proc.stdout.readline()
+        self.wall = time.perf_counter() - t0
+        assert line.strip() == b"done" and await proc.wait() == 0, line
+
+
+def _child(turns: int) -> None:
+    import httpx
+
+    async def go() -> None:
+        urls = json.loads(sys.stdin.readline())
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        clients = [httpx.AsyncClient(base_url=u, limits=limits) for u in urls]
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        user = [{"role": "user", "content": "What is 12 * 37?"}]
+        await asyncio.gather(*(_agent_httpx(c, user, turns) for c in clients))
+        print("done", flush=True)
+        for c in clients:
+            await c.aclose()
+
+    asyncio.run(go())
+
+
+async def _run(kind: str, agents: int, turns: int) -> tuple[float, float, int]:
     import httpx
 
     from verl_agent.rollout.engine import SamplingParams
@@ -92,39 +138,47 @@ async def _run(kind: str, agents: int, turns: int) -> tuple[float, int]:
 
         clients = [AsyncOpenAI(base_url=server.base_url(r.sid), api_key=r.sid, max_retries=0) for r in recs]
         jobs = [_agent_openai(c, user, turns) for c in clients]
+    elif kind == "remote":  # the agents run in another process: this process's CPU time is the endpoint's alone
+        jobs = [_remote_agents([server.base_url(r.sid) for r in recs], turns)]
     else:
         jobs = [_agent_inprocess(server, r.sid, user, turns) for r in recs]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*jobs)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if kind == "remote":
+        dt, cpu = jobs[0].wall, cpu - jobs[0].idle_cpu  # the window in which the child's agents ran
     for c in clients:
         await (c.aclose() if kind == "httpx" else c.close())
     calls = sum(r.counts["calls"] for r in recs)
     assert calls == agents * turns and all(len(r.segments) == 1 for r in recs), "lost or split sessions"
     await server.stop()
-    return dt, calls
+    return dt, cpu, calls
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        return _child(int(sys.argv[2]))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, default=64)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--clients", default="inprocess,httpx,openai")
+    ap.add_argument("--clients", default="inprocess,httpx,openai,remote")
     ap.add_argument("--repeat", type=int, default=3, help="runs per client; the fastest counts (shared CPUs are noisy)")
     a = ap.parse_args()
     asyncio.run(_run("httpx", 8, 2))  # warm-up (imports, template compilation)
     res: dict[str, float] = {"agents": a.agents, "turns": a.turns}
-    base = None
-    print(f"{'client':<10} {'calls':>6} {'wall s':>8} {'ms/call':>8} {'overhead ms/call':>17}")
+    base: tuple[float, float] | None = None
+    print(f"{'client':<10} {'calls':>6} {'wall ms/call':>13} {'overhead':>9} {'cpu ms/call':>12} {'overhead':>9}")
     for kind in a.clients.split(","):
-        dt, calls = min(asyncio.run(_run(kind, a.agents, a.turns)) for _ in range(a.repeat))
-        per = 1000 * dt / calls
-        base = per if kind == "inprocess" else base
-        over = per - base if base is not None and kind != "inprocess" else 0.0
-        print(f"{kind:<10} {calls:>6} {dt:>8.3f} {per:>8.3f} {over:>17.3f}")
-        res[f"{kind}_ms_per_call"] = round(per, 3)
+        runs = [asyncio.run(_run(kind, a.agents, a.turns)) for _ in range(a.repeat)]
+        calls = runs[0][2]
+        wall, cpu = (1000 * min(r[i] for r in runs) / calls for i in (0, 1))
+        base = (wall, cpu) if kind == "inprocess" else base
+        over = (wall - base[0], cpu - base[1]) if base is not None and kind != "inprocess" else (0.0, 0.0)
+        print(f"{kind:<10} {calls:>6} {wall:>13.3f} {over[0]:>9.3f} {cpu:>12.3f} {over[1]:>9.3f}")
+        res[f"{kind}_ms_per_call"], res[f"{kind}_cpu_ms_per_call"] = round(wall, 3), round(cpu, 3)
         if kind != "inprocess":
-            res[f"{kind}_http_overhead_ms_per_call"] = round(over, 3)
+            res[f"{kind}_http_overhead_ms_per_call"] = round(over[0], 3)
+            res[f"{kind}_http_overhead_cpu_ms_per_call"] = round(over[1], 3)
     print(json.dumps({"bench": "proxy", **res}))
 
 

@@ -149,7 +149,8 @@ async def test_openai_sdk_non_streaming_and_streaming_agree(tok):
             stream_options={"include_usage": True})  # fmt: skip
         chunks = [c async for c in stream]
         calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-        assert [c.function.arguments for c in calls] == [msg.tool_calls[0].function.arguments]
+        assert (calls[0].index, calls[0].function.name, calls[0].type) == (0, "calculator", "function") and calls[0].id
+        assert "".join(c.function.arguments for c in calls) == msg.tool_calls[0].function.arguments
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
         assert chunks[-1].usage.completion_tokens == len(lps)
         assert len(s.rec.segments) == 2 and s.rec.counts["history_rewrites"] == 1
@@ -163,24 +164,71 @@ async def test_openai_sdk_non_streaming_and_streaming_agree(tok):
         await client.close()
 
 
-async def test_tool_choice(tok):
-    async with _Server(tok, [CALL]) as s:
-        async def ask(choice):
-            r = await s.post(tools=TOOLS, tool_choice=choice)
-            assert r.status_code == 200, r.text
-            return r.json()["choices"][0]
+def _forced_aware(text, k):
+    """A model that answers in prose unless its reply was started for it, then completes the call it was given."""
+    if text.endswith('"name": "calculator", "arguments": '):
+        return '{"expression": "12*37"}}\n</tool_call>'
+    if text.endswith('"name": "search", "arguments": '):
+        return '{"q": "12*37"}}\n</tool_call>'
+    if text.endswith("<tool_call>\n"):
+        return '{"name": "calculator", "arguments": {"expression": "12*37"}}\n</tool_call>'
+    return "I think it is 444."
 
-        none = await ask("none")  # tools are shown but calls are not parsed
+
+async def test_tool_choice_none_and_auto(tok):
+    async with _Server(tok, [CALL]) as s:
+        r = await s.post(tools=TOOLS, tool_choice="none")  # tools are shown but calls are not parsed
+        none = r.json()["choices"][0]
         assert none["finish_reason"] == "stop" and "<tool_call>" in none["message"]["content"]
         assert "tool_calls" not in none["message"]
-        named = await ask({"type": "function", "function": {"name": "calculator"}})
-        assert named["finish_reason"] == "tool_calls" and named["message"]["tool_calls"][0]["function"]["name"] == "calculator"
-        assert (await ask("auto"))["finish_reason"] == "tool_calls"
-        assert (await ask("required"))["finish_reason"] == "tool_calls"
-        other = TOOLS + [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+        r = await s.post(tools=TOOLS, tool_choice="auto")
+        assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+async def test_tool_choice_required_and_named_are_enforced(tok):
+    """`required` / a named function: the reply is started with the call's opening text (recorded with mask 0,
+    as context), so a model that would answer in prose calls a tool; the generated rest is trained on."""
+    other = TOOLS + [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    named = {"type": "function", "function": {"name": "search"}}
+    async with _Server(tok, _forced_aware) as s:
+        free = (await s.post(tools=TOOLS)).json()["choices"][0]
+        assert free["finish_reason"] == "stop" and free["message"]["content"] == "I think it is 444."
+        for choice, name in (("required", "calculator"), (named, "search")):
+            r = await s.post(messages=[{"role": "user", "content": f"use {name}"}], tools=other, tool_choice=choice)
+            body = r.json()["choices"][0]
+            assert body["finish_reason"] == "tool_calls", body
+            assert [c["function"]["name"] for c in body["message"]["tool_calls"]] == [name]
+            traj = s.rec.segments[-1].traj
+            forced = s.server._forced_ids(choice if choice == "required" else name)
+            assert traj.prompt_ids[-len(forced):] == forced and traj.loss_mask == [1] * len(traj.response_ids)
+            assert tok.decode(forced + traj.response_ids).startswith("<tool_call>\n{")
+        # a later turn: the forced ids are context after the tool result (mask 0), the call is generated (mask 1)
+        call = body["message"]
+        msgs = [{"role": "user", "content": "use search"}, call,
+                {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "444"}]
+        r = await s.post(messages=msgs, tools=other, tool_choice="required")
+        assert r.json()["choices"][0]["finish_reason"] == "tool_calls" and len(s.rec.segments) == 3
+        traj = s.rec.segments[-1].traj
+        first, second = traj.turns
+        forced = s.server._forced_ids("required")
+        assert traj.response_ids[second.gen_start - len(forced):second.gen_start] == forced
+        assert traj.loss_mask[first.gen_end:second.gen_start] == [0] * (second.gen_start - first.gen_end)
+        assert set(traj.loss_mask[second.gen_start:]) == {1} and s.rec.counts["tool_choice_violations"] == 0
+
+
+async def test_tool_choice_violations_come_back_as_text(tok):
+    other = TOOLS + [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    async with _Server(tok, ['{"name": "calculator", "arguments": {}}\n</tool_call>']) as s:
         r = await s.post(tools=other, tool_choice={"type": "function", "function": {"name": "search"}})
-        body = r.json()["choices"][0]  # the model called another function: returned as text, counted
+        body = r.json()["choices"][0]  # forced into search, the model wrote calculator's body: broken JSON, as text
         assert body["finish_reason"] == "stop" and "tool_calls" not in body["message"]
+        assert body["message"]["content"].startswith('<tool_call>\n{"name": "search"')
+        assert s.rec.counts["malformed_calls"] == 1
+    async with _Server(tok, ["no call"]) as s:  # a format without a forced prefix: checked after the fact
+        s.server.parser = type("P", (), {"name": "other", "parse": s.server.parser.parse})()
+        r = await s.post(tools=other, tool_choice="required")
+        body = r.json()["choices"][0]
+        assert (body["finish_reason"], body["message"]["content"]) == ("stop", "no call")
         assert s.rec.counts["tool_choice_violations"] == 1
 
 

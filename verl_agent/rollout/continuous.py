@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -76,7 +77,7 @@ class ContinuousBatcher:
     # -- event-loop side -----------------------------------------------------------------------------------
     def make_seq(
         self, prompt: list[int], sampling: SamplingParams, session: str | None, eos: set[int],
-        loop: asyncio.AbstractEventLoop,
+        loop: asyncio.AbstractEventLoop, on_token: Callable[[int, float], None] | None = None,
     ) -> Seq:  # fmt: skip
         """A request ready to submit; refuses one whose prompt can never fit in a slot."""
         b = self.budget
@@ -93,7 +94,7 @@ class ContinuousBatcher:
         return Seq(
             prompt, sampling, max_new=min(sampling.max_new_tokens, b.length - len(prompt) + 1),
             stops=frozenset(set(sampling.stop_token_ids) | eos), future=loop.create_future(), loop=loop,
-            session=session, generator=gen,
+            session=session, generator=gen, on_token=on_token,
         )  # fmt: skip
 
     def submit(self, item: Seq | tuple[str, str], executor: Executor) -> None:

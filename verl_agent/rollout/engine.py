@@ -23,6 +23,11 @@ Contract (what is called when):
   same request gives the same tokens (same seed) and log-probs with or without
   it. An engine may ignore it (SGLang's radix cache finds shared prefixes by
   itself). Requests of one session are issued one at a time.
+- ``generate(..., on_token=fn)`` (optional; an engine that has it names
+  ``on_token`` in its signature): ``fn(token_id, logprob)`` is called on the
+  caller's event loop for every sampled token, in order, as soon as the engine
+  has it and before ``generate`` returns; the returned output is unchanged.
+  The OpenAI endpoint streams replies with it.
 - ``await release_session(sid)`` says the conversation has ended; the engine
   may free what it kept for it. Releasing an unknown session is a no-op.
 - ``metrics()`` (optional) returns a flat dict of ``engine/<name>`` floats,

@@ -27,7 +27,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,22 +165,27 @@ class HFEngine:
     # -- Engine API ---------------------------------------------------------------------------
 
     async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None,
+        on_token: Callable[[int, float], None] | None = None,
     ) -> GenerateOutput:
-        """Queue one request and wait for its own result (see `Engine`); `session` enables KV reuse."""
+        """Queue one request and wait for its own result (see `Engine`); `session` enables KV reuse.
+        `on_token`: "continuous" calls it after every engine step; "batch" only when the batch is done."""
         if self._closed:
             raise EngineClosedError("HFEngine.generate() called after close()")
         if self._asleep:
             raise RuntimeError("HFEngine.generate() called while asleep: call wake_up() first")
         self._check_prompt(prompt_ids)
         if self._batcher is not None:
-            return await self._generate_continuous(list(prompt_ids), sampling, session)
+            return await self._generate_continuous(list(prompt_ids), sampling, session, on_token)
         self._ensure_server()
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(list(prompt_ids), sampling, fut))
         assert self._event is not None
         self._event.set()
-        return await fut
+        out = await fut
+        for t, lp in zip(out.token_ids, out.logprobs) if on_token is not None else ():
+            on_token(t, lp)
+        return out
 
     async def release_session(self, session: str) -> None:
         """The trajectory `session` has ended: free its KV slot (a running request keeps it until done)."""
@@ -249,10 +254,11 @@ class HFEngine:
         self._executor.shutdown(wait=False)
 
     # -- internals ------------------------------------------------------------------------------
-    async def _generate_continuous(self, prompt: list[int], sampling: SamplingParams, session: str | None):
+    async def _generate_continuous(self, prompt: list[int], sampling: SamplingParams, session: str | None,
+                                   on_token: Callable[[int, float], None] | None):  # fmt: skip
         assert self._batcher is not None
         stops = set(self.settings.eos_token_ids) if self.settings.stop_on_eos else set()
-        seq = self._batcher.make_seq(prompt, sampling, session, stops, asyncio.get_running_loop())
+        seq = self._batcher.make_seq(prompt, sampling, session, stops, asyncio.get_running_loop(), on_token)
         self._batcher.submit(seq, self._executor)
         return await seq.future
 

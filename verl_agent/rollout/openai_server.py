@@ -25,15 +25,16 @@ import itertools
 import json
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 # module level: FastAPI resolves the handlers' string annotations (Request) in this module's globals
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import FastAPI
 
 from verl_agent.rollout.engine import Engine, SamplingParams
 from verl_agent.rollout.openai_wire import (
-    ChatRequest, RequestError, completion_body, error_body, parse_request, stream_chunks,
+    ChatRequest, RequestError, StreamText, chunk_head, completion_body, content_chunk, error_body, final_chunks,
+    forced_prefix, parse_request, role_chunk,
 )
 from verl_agent.rollout.recorder import BudgetExceeded, Reply, SessionRecorder
 
@@ -60,6 +61,7 @@ class OpenAIServer:
         self._task: asyncio.Task | None = None
         params = inspect.signature(engine.generate).parameters
         self._engine_sessions = "session" in params and callable(getattr(engine, "release_session", None))
+        self._engine_streams = "on_token" in params  # incremental output (Engine contract, optional)
         self.app = self._build_app()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -71,7 +73,8 @@ class OpenAIServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
+        config = uvicorn.Config(self._asgi, interface="asgi3", log_level="warning", lifespan="off", access_log=False,
+                                proxy_headers=False,
                                 backlog=4096, timeout_keep_alive=30)  # fmt: skip
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # not ours to take
@@ -109,22 +112,26 @@ class OpenAIServer:
         return rec
 
     # -- one call ------------------------------------------------------------------------------
-    async def complete(self, sid: str, body: Any) -> tuple[ChatRequest, Reply]:
-        """Validate, encode, generate and record one call of session `sid`; raises RequestError."""
+    async def complete(self, sid: str, body: Any, on_token: Callable[[int, float], None] | None = None
+                       ) -> tuple[ChatRequest, Reply]:  # fmt: skip
+        """Validate, encode, generate and record one call of session `sid`; raises RequestError.
+        `on_token(id, logprob)` is called for each generated token as it comes, if the engine streams."""
         rec = self.sessions.get(sid)
         if rec is None:
             raise RequestError(404, f"unknown session {sid!r}", None, "session_not_found")
-        req = parse_request(body, self.model_names)
+        req = body if isinstance(body, ChatRequest) else parse_request(body, self.model_names)
         async with rec.lock:
             if rec.closed:
                 raise RequestError(409, f"session {sid!r} is closed (its agent run has ended)", None, "session_closed")
             if rec.infra is not None:
                 raise RequestError(500, f"session {sid!r} failed earlier: {rec.infra[1]}", None, rec.infra[0],
                                    "server_error")  # fmt: skip
+            parse_tools = bool(req.tools) and req.tool_choice != "none"
+            forced = self._forced_ids(req.tool_choice) if parse_tools else []
             try:
                 seg, obs, prompt = rec.prepare(req.messages, req.tools)
                 overrides = req.sampling if self.use_request_sampling else {}
-                sp = rec.sampling_for(seg, req.max_tokens, overrides)
+                sp = rec.sampling_for(seg, req.max_tokens, overrides, reserve=len(forced))
             except BudgetExceeded as e:
                 if e.stop_reason == "response_budget":  # the run cannot go on; a too-long first prompt can be fixed
                     rec.stop_reason = rec.stop_reason or e.stop_reason
@@ -132,16 +139,24 @@ class OpenAIServer:
                 raise RequestError(400, str(e), "messages", "context_length_exceeded") from e
             except ValueError as e:  # ChatTemplateError and message errors the template found
                 raise RequestError(400, str(e), "messages") from e
-            out = await self._generate(rec, prompt, sp)
+            out = await self._generate(rec, prompt + forced, sp, on_token)
             new = req.messages[len(seg.history):] if obs else []
             choice = None if req.tool_choice in (None, "auto", "required", "none") else req.tool_choice
             # the version is read after the call: weights change only while no call is in flight (stream.py)
-            return req, rec.commit(seg, obs, new, out, bool(req.tools) and req.tool_choice != "none", choice, req.stop,
-                                   version=self.policy_version)
+            return req, rec.commit(seg, obs, new, out, parse_tools, choice, req.stop, version=self.policy_version,
+                                   forced=forced, required=parse_tools and req.tool_choice == "required")
 
-    async def _generate(self, rec: SessionRecorder, prompt: list[int], sp: SamplingParams) -> Any:
+    def _forced_ids(self, tool_choice: str | None) -> list[int]:
+        """Ids that make the reply a (named) call when tool_choice demands one; [] if the format has none."""
+        text = forced_prefix(getattr(self.parser, "name", None), tool_choice)
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    async def _generate(self, rec: SessionRecorder, prompt: list[int], sp: SamplingParams,
+                        on_token: Callable[[int, float], None] | None) -> Any:  # fmt: skip
         try:
-            kw = {"session": rec.sid} if self._engine_sessions else {}
+            kw: dict[str, Any] = {"session": rec.sid} if self._engine_sessions else {}
+            if on_token is not None and self._engine_streams:
+                kw["on_token"] = on_token
             out = await self.engine.generate(prompt, sp, **kw)
             if out.finish_reason == "abort":
                 raise RuntimeError("the engine aborted the request")
@@ -152,57 +167,98 @@ class OpenAIServer:
             raise RequestError(500, rec.infra[1], None, "engine_error", "server_error") from e
 
     # -- HTTP ----------------------------------------------------------------------------------
+    # uvicorn serves `_asgi`: chat completions are handled as plain ASGI, the rest goes to the FastAPI app.
+    # FastAPI's routing, middleware and dependency layers cost about as much per call as everything
+    # else of the endpoint together (bench/proxy.py, profiled 2026-12-03), and this route needs none of them.
+    async def _asgi(self, scope: dict, receive: Callable, send: Callable) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or scope["method"] != "POST" or not path.endswith(_CHAT):
+            return await self.app(scope, receive, send)
+        if path == "/v1" + _CHAT:
+            sid = _bearer(scope)
+            if sid not in self.sessions:
+                return await _send_json(send, 401, error_body(RequestError(
+                    401, "missing or unknown API key (use the session key)", None, "invalid_api_key",
+                    "authentication_error")))  # fmt: skip
+        elif path.startswith("/sessions/") and path.count("/") == 5:
+            sid = path[len("/sessions/"):-len("/v1" + _CHAT)]
+        else:
+            return await self.app(scope, receive, send)
+        try:
+            raw = await _read_body(receive, self.max_request_bytes)
+            try:
+                body = json.loads(raw)
+            except ValueError as e:
+                raise RequestError(400, f"the body is not valid JSON: {e}") from e
+            req = parse_request(body, self.model_names)
+            if sid not in self.sessions:
+                raise RequestError(404, f"unknown session {sid!r}", None, "session_not_found")
+            if req.stream:
+                return await self._stream(sid, req, send)
+            req, reply = await self.complete(sid, req)
+        except RequestError as e:
+            return await self._refuse(sid, e, send)
+        cid = f"chatcmpl-{sid}-{next(self._ids)}"
+        await _send_json(send, 200, completion_body(reply, req, cid, self.tokenizer))
+
+    async def _refuse(self, sid: str, e: RequestError, send: Callable) -> None:
+        if sid in self.sessions:
+            self.sessions[sid].counts["bad_requests" if e.status < 500 else "server_errors"] += 1
+        await _send_json(send, e.status, error_body(e))
+
+    async def _stream(self, sid: str, req: ChatRequest, send: Callable) -> None:
+        """SSE: content deltas while the engine generates (`StreamText` says what may be sent), then the
+        tool calls, finish reason, usage and [DONE] from the recorded reply. An error before the first
+        token is an ordinary HTTP error, not a stream."""
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(self.complete(sid, req, on_token=lambda t, _lp: queue.put_nowait(t)))
+        task.add_done_callback(lambda _t: queue.put_nowait(None))
+        item = await queue.get()
+        if item is None and task.exception() is not None:
+            e = task.exception()
+            if not isinstance(e, RequestError):
+                raise e
+            return await self._refuse(sid, e, send)
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        head = chunk_head(req, f"chatcmpl-{sid}-{next(self._ids)}")
+        rec = self.sessions.get(sid)
+        parser = getattr(self.parser, "name", "?") if req.tools and req.tool_choice != "none" else None
+        text = StreamText(self.tokenizer, parser, req.stop, hold_all=bool(self._forced_ids(req.tool_choice))
+                          and parser is not None)  # fmt: skip
+        body, done = [role_chunk(head)], item is None
+        while not done:
+            ids = [item]
+            while not queue.empty():  # everything that has arrived goes into one delta
+                nxt = queue.get_nowait()
+                if nxt is None:
+                    done = True
+                    break
+                ids.append(nxt)
+            delta = text.push(ids)
+            if delta:
+                body.append(content_chunk(head, delta))
+            if body:
+                await send({"type": "http.response.body", "body": b"".join(body), "more_body": True})
+                body = []
+            if not done:
+                item = await queue.get()
+                done = item is None
+        try:
+            _req, reply = task.result()
+        except RequestError as e:  # the engine failed mid-stream: OpenAI sends an error event
+            if rec is not None:
+                rec.counts["server_errors"] += 1
+            body.append(b"data: " + json.dumps(error_body(e)).encode() + b"\n\n")
+        else:
+            body += final_chunks(reply, req, head, text.final(reply.message.content or ""), self.tokenizer)
+        await send({"type": "http.response.body", "body": b"".join(body), "more_body": False})
+
     def _build_app(self) -> Any:
         app = FastAPI(title="verl-agent OpenAI-compatible endpoint", docs_url=None, redoc_url=None)
-
-        def fail(e: RequestError) -> Response:
-            return JSONResponse(error_body(e), status_code=e.status)
-
-        async def chat(sid: str, request: Request) -> Response:
-            raw = await request.body()
-            try:
-                if len(raw) > self.max_request_bytes:
-                    raise RequestError(413, f"request body of {len(raw)} bytes > {self.max_request_bytes}", None,
-                                       "request_too_large")  # fmt: skip
-                try:
-                    body = json.loads(raw)
-                except ValueError as e:
-                    raise RequestError(400, f"the body is not valid JSON: {e}") from e
-                req, reply = await self.complete(sid, body)
-            except RequestError as e:
-                if sid in self.sessions:
-                    self.sessions[sid].counts["bad_requests" if e.status < 500 else "server_errors"] += 1
-                return fail(e)
-            cid = f"chatcmpl-{sid}-{next(self._ids)}"
-            if req.stream:
-                chunks = stream_chunks(reply, req, cid, self.tokenizer)
-
-                async def events():
-                    for c in chunks:
-                        yield c
-
-                return StreamingResponse(events(), media_type="text/event-stream")
-            return Response(json.dumps(completion_body(reply, req, cid, self.tokenizer)), media_type="application/json")
-
-        def key_of(request: Request) -> str:
-            auth = request.headers.get("authorization", "")
-            return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
 
         def models() -> dict:
             return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "verl-agent"}
                                                for m in self.model_names]}  # fmt: skip
-
-        @app.post("/sessions/{sid}/v1/chat/completions")
-        async def session_chat(sid: str, request: Request) -> Response:
-            return await chat(sid, request)
-
-        @app.post("/v1/chat/completions")
-        async def keyed_chat(request: Request) -> Response:
-            sid = key_of(request)
-            if sid not in self.sessions:
-                return fail(RequestError(401, "missing or unknown API key (use the session key)", None,
-                                         "invalid_api_key", "authentication_error"))  # fmt: skip
-            return await chat(sid, request)
 
         @app.get("/sessions/{sid}/v1/models")
         async def session_models(sid: str) -> dict:
@@ -213,3 +269,39 @@ class OpenAIServer:
             return models()
 
         return app
+
+
+_CHAT = "/chat/completions"
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+def _bearer(scope: dict) -> str:
+    for k, v in scope["headers"]:
+        if k == b"authorization":
+            auth = v.decode("latin-1")
+            return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    return ""
+
+
+async def _read_body(receive: Callable, limit: int) -> bytes:
+    """The request body; a body over `limit` bytes is refused (413) as soon as it is seen to be."""
+    parts, n = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise RequestError(400, "the client disconnected before sending the whole body")
+        chunk = msg.get("body", b"")
+        n += len(chunk)
+        if n > limit:
+            raise RequestError(413, f"request body of more than {limit} bytes (max_request_bytes)", None,
+                               "request_too_large")  # fmt: skip
+        parts.append(chunk)
+        if not msg.get("more_body"):
+            return b"".join(parts)
+
+
+async def _send_json(send: Callable, status: int, obj: Any) -> None:
+    data = json.dumps(obj, ensure_ascii=False).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})

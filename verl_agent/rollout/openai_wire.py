@@ -18,7 +18,8 @@ from typing import Any
 from verl_agent.protocol import ROLES, Message
 from verl_agent.rollout.recorder import Reply
 
-__all__ = ["ChatRequest", "RequestError", "completion_body", "error_body", "parse_request", "stream_chunks"]
+__all__ = ["ChatRequest", "RequestError", "StreamText", "chunk_head", "completion_body", "content_chunk", "error_body",
+           "final_chunks", "forced_prefix", "parse_request", "role_chunk"]
 
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "presence_penalty",
             "frequency_penalty", "logit_bias", "seed", "response_format", "reasoning_effort", "modalities"}  # fmt: skip
@@ -203,19 +204,110 @@ def completion_body(reply: Reply, req: ChatRequest, cid: str, tokenizer: Any) ->
             "choices": [choice], "usage": _usage(reply)}  # fmt: skip
 
 
-def stream_chunks(reply: Reply, req: ChatRequest, cid: str, tokenizer: Any) -> list[bytes]:
-    """The whole reply as SSE events: role + content, tool calls, the finish chunk, usage, [DONE]."""
-    head = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": req.model}
+class StreamText:
+    """Which part of a reply's text may already be sent as `delta.content` while tokens arrive.
 
-    def event(delta: dict, finish: str | None = None, logprobs: Any = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n"
+    Sent text must be a prefix of the final message content, so it holds back: an incomplete UTF-8
+    character at the end, anything from a (possible) stop string on, and, when tool calls are parsed,
+    anything from a (possible) tool-call start on plus surrounding whitespace (the parsers strip it).
+    A format whose calls have no start marker to watch for (or an unknown parser) holds everything
+    back until the end. `final(content)` returns the rest once the reply is complete."""
 
-    first: dict[str, Any] = {"role": "assistant", "content": reply.message.content or ""}
-    events = [event(first, logprobs=_logprobs(reply, tokenizer) if req.logprobs else None)]
-    if reply.message.tool_calls:
-        events.append(event({"tool_calls": _calls(reply, stream=True)}))
-    events.append(event({}, reply.finish_reason))
+    def __init__(self, tokenizer: Any, parser_name: str | None, stop: list[str], hold_all: bool = False) -> None:
+        self.tokenizer, self.parser_name, self.stop, self.hold_all = tokenizer, parser_name, stop, hold_all
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def push(self, ids: list[int]) -> str:
+        """Add generated ids; returns the content that can be sent now ("" if none)."""
+        self.ids += ids
+        if self.hold_all:
+            return ""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        end = len(text.rstrip("\ufffd"))
+        for s in self.stop:
+            end = min(end, _hold(text, s, end))
+        if self.parser_name is not None:
+            end = min(end, _call_start(self.parser_name, text[:end]))
+            target = text[:end].strip()
+        else:
+            target = text[:end]
+        if len(target) <= len(self.sent) or not target.startswith(self.sent):
+            return ""
+        delta, self.sent = target[len(self.sent):], target
+        return delta
+
+    def final(self, content: str) -> str:
+        if not content.startswith(self.sent):  # would mean decode(ids[:k]) is not a prefix of decode(ids)
+            raise AssertionError(f"streamed content {self.sent!r} is not a prefix of the reply {content!r}")
+        return content[len(self.sent):]
+
+
+def _hold(text: str, marker: str, end: int) -> int:
+    """Index where `marker` starts in text[:end], or where a partial `marker` at its end starts (else end)."""
+    i = text.find(marker, 0, end)
+    if i >= 0:
+        return i
+    for k in range(min(len(marker) - 1, end), 0, -1):
+        if text.endswith(marker[:k], 0, end):
+            return end - k
+    return end
+
+
+_CALL_MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
+
+
+def _call_start(parser_name: str, text: str) -> int:
+    if parser_name in _CALL_MARKERS:
+        return _hold(text, _CALL_MARKERS[parser_name], len(text))
+    if parser_name == "llama3_json":  # the whole message is the call when it starts with '{'
+        body = text.lstrip()
+        return 0 if not body or body[0] in "{<" else len(text)
+    return 0
+
+
+# Text that forces the model into a tool call (`tool_choice: "required"` or a named function), per format.
+_FORCED = {"hermes": ('<tool_call>\n', '<tool_call>\n{{"name": "{name}", "arguments": '),
+           "mistral": ("[TOOL_CALLS]", '[TOOL_CALLS][{{"name": "{name}", "arguments": '),
+           "llama3_json": ('{{"name": "', '{{"name": "{name}", "parameters": ')}  # fmt: skip
+
+
+def forced_prefix(parser_name: str | None, tool_choice: str | None) -> str | None:
+    """The text the reply is made to start with so that it is a call (of function `tool_choice` if named)."""
+    if tool_choice in (None, "auto", "none") or parser_name not in _FORCED:
+        return None
+    required, named = _FORCED[parser_name]
+    return required if tool_choice == "required" else named.format(name=tool_choice)
+
+
+def _event(head: dict, delta: dict, finish: str | None = None, logprobs: Any = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return b"data: " + json.dumps({**head, "choices": [choice]}, ensure_ascii=False).encode() + b"\n\n"
+
+
+def chunk_head(req: ChatRequest, cid: str) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": req.model}
+
+
+def role_chunk(head: dict) -> bytes:
+    """The first event: the role, before any content (as OpenAI sends it)."""
+    return _event(head, {"role": "assistant", "content": ""})
+
+
+def content_chunk(head: dict, text: str) -> bytes:
+    return _event(head, {"content": text})
+
+
+def final_chunks(reply: Reply, req: ChatRequest, head: dict, rest: str, tokenizer: Any) -> list[bytes]:
+    """What follows the streamed content: the rest of it, the tool calls (a header with id and name, then the
+    arguments), the log-probs of the whole reply, the finish chunk, usage if asked, and `[DONE]`."""
+    events = [content_chunk(head, rest)] if rest else []
+    for c in _calls(reply, stream=True):
+        fn = c["function"]
+        events.append(_event(head, {"tool_calls": [{**c, "function": {"name": fn["name"], "arguments": ""}}]}))
+        events.append(_event(head, {"tool_calls": [{"index": c["index"], "function": {"arguments": fn["arguments"]}}]}))
+    lps = _logprobs(reply, tokenizer) if req.logprobs else None
+    events.append(_event(head, {}, reply.finish_reason, lps))
     if req.include_usage:
         events.append(b"data: " + json.dumps({**head, "choices": [], "usage": _usage(reply)}).encode() + b"\n\n")
     return [*events, b"data: [DONE]\n\n"]

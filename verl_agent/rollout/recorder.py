@@ -124,21 +124,27 @@ class SessionRecorder:
 
     # -- record --------------------------------------------------------------------------------
     def commit(self, seg: Segment, obs: list[int], new: list[Message], out: GenerateOutput,
-               parse_tools: bool, allowed: str | None, stop: list[str], version: int = 0) -> Reply:  # fmt: skip
+               parse_tools: bool, allowed: str | None, stop: list[str], version: int = 0,
+               forced: list[int] | None = None, required: bool = False) -> Reply:  # fmt: skip
         """Store the observation and the generation (made by policy `version`); build the assistant message
-        returned to the agent."""
+        returned to the agent. `forced`: ids the reply was made to start with (`forced_ids`); they are
+        recorded as context (mask 0: the prompt on a first turn, the observation otherwise), not as generated.
+        `required` / `allowed`: the reply must call a tool / only function `allowed` (else it is returned as text)."""
         if not self.segments or self.segments[-1] is not seg:
             if self.segments:
                 self.counts["history_rewrites"] += 1
             self.segments.append(seg)
-        traj = seg.traj
+        traj, forced = seg.traj, forced or []
         if obs:
-            traj.response_ids += obs
-            traj.loss_mask += [0] * len(obs)
-            traj.rollout_logprobs += [0.0] * len(obs)
-            traj.turns[-1].obs_end = len(traj.response_ids)
             seg.history += new
             seg.keys += [message_key(m) for m in new]
+        if traj.turns:
+            traj.response_ids += obs + forced
+            traj.loss_mask += [0] * (len(obs) + len(forced))
+            traj.rollout_logprobs += [0.0] * (len(obs) + len(forced))
+            traj.turns[-1].obs_end = len(traj.response_ids)
+        else:
+            traj.prompt_ids += forced
         ids, lps, finish = list(out.token_ids), [float(x) for x in out.logprobs], out.finish_reason
         ids, lps, finish, cut = self._apply_stop_strings(ids, lps, finish, stop)
         start = len(traj.response_ids)
@@ -147,12 +153,13 @@ class SessionRecorder:
         traj.rollout_logprobs += lps
         traj.turns.append(Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids),
                                policy_version=version))
-        seg.last_text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        text = seg.last_text if cut is None else cut
+        head = self.tokenizer.decode(forced, skip_special_tokens=True) if forced else ""
+        seg.last_text = self.tokenizer.decode(forced + ids, skip_special_tokens=True)
+        text = seg.last_text if cut is None else head + cut
         seg.closed = not ids or ids[-1] not in self._eos
         if finish == "length":
             self.stop_reason = "response_budget" if self.budget(seg) <= 0 else "engine_length"
-        message, malformed = self._message(text, parse_tools, allowed, len(traj.turns))
+        message, malformed = self._message(text, parse_tools, allowed, len(traj.turns), required)
         seg.history.append(message)
         seg.keys.append(message_key(message))
         self.counts["calls"] += 1
@@ -176,24 +183,30 @@ class SessionRecorder:
                 return ids[:k], lps[:k], "stop", text[:pos]
         return ids, lps, finish, text[:pos]
 
-    def _message(self, text: str, parse_tools: bool, allowed: str | None, turn: int) -> tuple[Message, list[str]]:
-        """The assistant message: parsed tool calls (OpenAI ids minted here), or the raw text when malformed."""
+    def _message(self, text: str, parse_tools: bool, allowed: str | None, turn: int,
+                 required: bool = False) -> tuple[Message, list[str]]:  # fmt: skip
+        """The assistant message: parsed tool calls (OpenAI ids minted here), or the text when a call is malformed
+        or `tool_choice` is not met (no call although `required`, or a call of another function than `allowed`)."""
         if not parse_tools or self.parser is None:
             return Message(role="assistant", content=text), []
         parsed = self.parser.parse(text)
         calls = parsed.tool_calls
-        if allowed is not None and any(c.name != allowed for c in calls):
-            self.counts["tool_choice_violations"] += 1
-            return Message(role="assistant", content=text), [f"tool_choice asked for {allowed!r}"]
         if parsed.errors:
-            return Message(role="assistant", content=text), parsed.errors
+            return Message(role="assistant", content=text.strip()), parsed.errors
+        wrong = not calls if required or allowed is not None else False
+        if wrong or allowed is not None and any(c.name != allowed for c in calls):
+            self.counts["tool_choice_violations"] += 1
+            want = f"a call of {allowed!r}" if allowed is not None else "a tool call"
+            return Message(role="assistant", content=text.strip()), [f"tool_choice asked for {want}"]
         calls = [ToolCall(name=c.name, arguments=c.arguments, id=f"call_{self.sid}_{turn}_{i}")
                  for i, c in enumerate(calls)]  # fmt: skip
         return Message(role="assistant", content=parsed.content, tool_calls=calls), []
 
-    def sampling_for(self, seg: Segment, max_tokens: int | None, overrides: dict[str, float]) -> SamplingParams:
-        """The session's sampling (seed kept for every turn, as the native loop), capped by the budget."""
-        left = self.budget(seg)
+    def sampling_for(self, seg: Segment, max_tokens: int | None, overrides: dict[str, float],
+                     reserve: int = 0) -> SamplingParams:  # fmt: skip
+        """The session's sampling (seed kept for every turn, as the native loop), capped by the budget
+        (less `reserve` response tokens that forced ids will take)."""
+        left = self.budget(seg) - (reserve if seg.traj.turns else 0)
         if left <= 0:
             raise BudgetExceeded(f"data.max_response_length={self.max_response_length} is used up", "response_budget")
         cap = min(self.sampling.max_new_tokens, left, max_tokens or left)

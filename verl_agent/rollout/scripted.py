@@ -44,14 +44,22 @@ class ScriptedEngine:
     async def release_session(self, session: str) -> None:
         """Nothing is cached per session here (the contract allows that)."""
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
-                       ) -> GenerateOutput:  # fmt: skip
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None,
+                       on_token: Callable[[int, float], None] | None = None) -> GenerateOutput:  # fmt: skip
+        """With `on_token`, the tokens are handed out one by one, `delay` spread evenly over them."""
         if self.asleep:
             raise RuntimeError("ScriptedEngine.generate() called while asleep")
         self.calls += 1
-        if self.delay:
+        if self.delay and on_token is None:
             await asyncio.sleep(self.delay)
-        ids = self.reply_ids(self.script(list(prompt_ids), sampling))
+        out = self._cut(self.reply_ids(self.script(list(prompt_ids), sampling)), sampling)
+        if on_token is not None:
+            for t, lp in zip(out.token_ids, out.logprobs):
+                await asyncio.sleep(self.delay / len(out.token_ids))
+                on_token(t, lp)
+        return out
+
+    def _cut(self, ids: list[int], sampling: SamplingParams) -> GenerateOutput:
         stops = set(sampling.stop_token_ids) | {self.eos_id}
         for i, t in enumerate(ids):
             if t in stops and i < sampling.max_new_tokens:

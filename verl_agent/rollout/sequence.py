@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -31,6 +32,7 @@ class Seq:
     loop: asyncio.AbstractEventLoop
     session: str | None = None
     generator: torch.Generator | None = None
+    on_token: Callable[[int, float], None] | None = None  # called on `loop` for each token (streaming)
     state: SeqState = SeqState.WAITING
     slot: int = -1
     n_cached: int = 0
@@ -48,6 +50,8 @@ class Seq:
         """Record one sampled token; returns why the request ends now, or None."""
         self.out_ids.append(token)
         self.out_lps.append(logprob)
+        if self.on_token is not None:  # scheduled before `resolve`'s result, so the caller sees every token first
+            self.loop.call_soon_threadsafe(self.on_token, token, logprob)
         if token in self.stops:
             return "stop"
         if len(self.out_ids) >= self.max_new:
