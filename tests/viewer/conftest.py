@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from runfactory import step_batch, write_metrics
+from runfactory import add_advantages, step_batch, write_metrics
 
 from verl_agent.rollout.records import write_records
 
@@ -26,6 +26,9 @@ def run_dir(tmp_path: Path, tiny_tokenizer) -> Path:
     write_metrics(run)
     for step in (1, 2):
         write_records(run / "trajectories" / f"step_{step}.jsonl", step_batch(tiny_tokenizer, step), step=step)
+    # the trainer's per-token advantages: a success above its group's mean, a failure below; the infra failure
+    # (left out of the loss) has none
+    add_advantages(run / "trajectories" / "step_1.jsonl", {0: 0.5, 1: -0.75, 3: -0.25})
     write_records(run / "trajectories" / "val_step_2.jsonl", step_batch(tiny_tokenizer, 2), step=2)
     return run
 

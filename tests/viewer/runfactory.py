@@ -84,3 +84,16 @@ def write_metrics(run: Path) -> None:
             row["val/success_rate"] = 0.3 * s
         rows.append(json.dumps(row))
     (run / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+
+
+def add_advantages(path: Path, per_record: dict[int, float]) -> None:
+    """Give records of a written step file the trainer's per-token "advantages" field (0.0 off the loss mask):
+    record i gets per_record[i] on its first turn's tokens and twice that on later turns (a diverging range)."""
+    lines = path.read_text().splitlines()
+    for i, adv in per_record.items():
+        rec = json.loads(lines[i])
+        first_end = rec["turns"][0]["gen_end"]
+        rec["advantages"] = [0.0 if not m else round(adv if k < first_end else 2 * adv, 4)
+                             for k, m in enumerate(rec["loss_mask"])]  # fmt: skip
+        lines[i] = json.dumps(rec)
+    path.write_text("\n".join(lines) + "\n")

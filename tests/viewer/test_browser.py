@@ -101,13 +101,74 @@ def test_curves_trajectory_tool_call_and_token_hover(page, run_dir):
         expect(detail.locator(".tok-response .tok.m0")).to_have_count(n_obs)
         page.screenshot(path=str(ARTIFACTS / "trajectory.png"), full_page=True)
 
-        # Same prompt, step 1 vs step 2, side by side.
+        # Colour by advantage (the trainer's per-token field): a diverging scale, the value on hover.
+        _check_advantage_colours(page, detail, rec)
+        page.screenshot(path=str(ARTIFACTS / "advantage.png"), full_page=True)
+        page.select_option("#f-tool", "")
+        page.locator(".traj-row[data-index='1']").click()  # the wrong answer: below its group's mean
+        expect(detail.locator(".uid")).to_have_text("calc:1")
+        detail.locator(".tok-mode").select_option("advantage")
+        neg = detail.locator(".tok-response .tok.m1").first
+        r, _g, b = _rgb(neg)
+        assert r > b, (r, b)  # red side of the scale
+        neg.hover()
+        expect(page.locator("#tok-tip")).to_contain_text("advantage -0.75")
+        page.locator(".traj-row[data-index='2']").click()  # infra failure: not in the loss, no advantages
+        expect(detail.locator(".error")).to_contain_text("TimeoutError")
+        expect(detail.locator(".tok-mode option")).to_have_count(2)
+
+        # Same prompt, step 1 vs step 2, aligned turn by turn.
+        page.locator(".traj-row[data-index='0']").click()
+        expect(detail.locator(".tool-name")).to_have_text("calculator")
         detail.locator(".compare-btn").click()
-        expect(page.locator("#cmp-left .trajectory")).to_have_count(1)
-        expect(page.locator("#cmp-right .trajectory")).to_have_count(1)
-        page.select_option("#cmp-right .cmp-sample", index=1)
-        expect(page.locator("#cmp-right .trajectory")).to_contain_text("The answer is 402.")
+        expect(page.locator("#cmp-left .cmp-sample")).to_have_count(1)
+        expect(page.locator("#cmp-right .cmp-sample")).to_have_count(1)
+        table = page.locator("#cmp-aligned .cmp-table")
+        expect(table.locator(".cmp-turn")).to_have_count(2)
+        expect(table.locator(".diff")).to_have_count(0)  # the same success at both steps: nothing highlighted
+        page.select_option("#cmp-right .cmp-sample", index=1)  # step 2's wrong answer
+        expect(table.locator("tr:first-child")).to_contain_text("step_2 · sample 2 of 2")
+        outcome = table.locator("tr.cmp-outcome")
+        expect(outcome.nth(0).locator("td.delta")).to_have_text("reward -1")
+        expect(outcome.nth(0).locator("td.delta")).to_have_class("delta diff worse")
+        expect(outcome.nth(1).locator("td.diff")).to_contain_text("policy_failure: wrong_answer")
+        turn1, turn2 = table.locator(".cmp-turn").nth(0), table.locator(".cmp-turn").nth(1)
+        expect(turn1.locator("td").nth(0).locator(".tool-name")).to_have_text("calculator")
+        expect(turn1.locator("td").nth(0).locator(".obs")).to_contain_text("444")
+        expect(turn1.locator("td").nth(1)).to_contain_text("The answer is 402.")
+        expect(turn1.locator("td").nth(1)).to_have_class("turn-cell calls-differ")
+        expect(turn1.locator("td.delta")).to_have_text("score -0.1")
+        expect(turn2.locator("td").nth(0)).to_contain_text("The answer is 444.")
+        expect(turn2.locator("td.missing")).to_contain_text("no turn 2 (stopped: end_of_turn)")
+        expect(turn2.locator("td.delta")).to_have_text("only A")
+        page.locator("#cmp-left .cmp-full > details > summary").click()  # the whole trajectory stays one click away
+        expect(page.locator("#cmp-left .trajectory .tok-response")).to_have_count(1)
         page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)
+
+
+def _rgb(locator):
+    css = locator.evaluate("e => getComputedStyle(e).backgroundColor")
+    return [int(x) for x in css[css.index("(") + 1 : css.index(")")].split(",")[:3]]
+
+
+def _check_advantage_colours(page, detail, rec):
+    adv = rec["advantages"]
+    assert adv[rec["turns"][0]["gen_start"]] == 0.5 and max(adv) == 1.0 and min(adv) == 0.0
+    modes = detail.locator(".tok-mode option")
+    expect(modes).to_have_text(["colour: loss mask", "colour: rollout log-prob", "colour: advantage"])
+    detail.locator(".tok-mode").select_option("advantage")
+    trained = detail.locator(".tok-response .tok.m1")
+    first, last = trained.first, trained.last  # turn 1 at +0.5, turn 2 at +1.0 (the record's largest)
+    (r1, g1, b1), (r2, g2, b2) = _rgb(first), _rgb(last)
+    assert b1 > r1 and b2 > r2 and r2 < r1, ((r1, g1, b1), (r2, g2, b2))  # blue, deeper for the larger advantage
+    assert detail.locator(".tok-response .tok.m0").first.get_attribute("style") is None  # not trained: not coloured
+    expect(detail.locator(".legend-row")).to_contain_text("+1")
+    first.hover()
+    tip = page.locator("#tok-tip")
+    expect(tip).to_contain_text(f"id {rec['response_ids'][0]} · response pos 0 · mask 1")
+    expect(tip).to_contain_text("advantage 0.5")
+    last.hover()
+    expect(tip).to_contain_text("advantage 1 ")
 
 
 def test_curves_follow_a_run_that_is_still_training(page, run_dir):

@@ -145,22 +145,32 @@ async function startCompare(rec) {
   await renderCompare();
 }
 
-async function renderSide(file, col) {
+async function pickSide(file, col) {
   const idx = await Api.find(file, state.cmpUid);
-  if (!idx.length) return col.replaceChildren(h("p", { class: "muted" }, `prompt ${state.cmpUid} is not in ${file}`));
+  if (!idx.length) { col.replaceChildren(h("p", { class: "muted" }, `prompt ${state.cmpUid} is not in ${file}`)); return null; }
   const pick = h("select", { class: "cmp-sample" }, idx.map((i, k) => h("option", { value: i }, `sample ${k + 1} of ${idx.length}`)));
-  const body = h("div", {});
-  const show = async () => body.replaceChildren(renderTrajectory(await Api.record(file, +pick.value)));
-  pick.addEventListener("change", () => guard("#cmp-error", show));
-  col.replaceChildren(h("div", {}, h("b", {}, file), " ", pick), body);
-  await show();
+  pick.addEventListener("change", () => guard("#cmp-error", renderAlignedPair));
+  col.replaceChildren(h("div", {}, h("b", {}, file), " ", pick), h("div", { class: "cmp-full" }));
+  return pick;
+}
+
+async function renderAlignedPair() {
+  const sides = [[$("#cmp-a").value, $("#cmp-left")], [$("#cmp-b").value, $("#cmp-right")]];
+  const picks = sides.map(([, col]) => col.querySelector(".cmp-sample"));
+  if (picks.some((p) => !p)) { $("#cmp-aligned").replaceChildren(); return; }
+  const recs = await Promise.all(sides.map(([file], i) => Api.record(file, +picks[i].value)));
+  sides.forEach(([, col], i) => col.querySelector(".cmp-full").replaceChildren(
+    h("details", {}, h("summary", {}, "whole trajectory with tokens"), renderTrajectory(recs[i]))));
+  const label = (i) => `${sides[i][0]} · ${picks[i].selectedOptions[0].textContent}`;
+  $("#cmp-aligned").replaceChildren(renderAligned(recs[0], recs[1], [label(0), label(1)]));
 }
 
 async function renderCompare() {
   $("#cmp-uid").textContent = state.cmpUid ? `prompt ${state.cmpUid}` : "open a trajectory and press “compare” first";
   if (!state.cmpUid) return;
   showError("#cmp-error", null);
-  await Promise.all([renderSide($("#cmp-a").value, $("#cmp-left")), renderSide($("#cmp-b").value, $("#cmp-right"))]);
+  await Promise.all([pickSide($("#cmp-a").value, $("#cmp-left")), pickSide($("#cmp-b").value, $("#cmp-right"))]);
+  await renderAlignedPair();
 }
 
 // ---- wiring ------------------------------------------------------------------------------------

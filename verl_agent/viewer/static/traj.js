@@ -79,10 +79,17 @@ function logprobColor(lp) {
   return `hsl(${Math.round(p * 120)}, 75%, 80%)`;
 }
 
+// Diverging scale for advantages: red below 0, white at 0, blue above; `scale` is the record's largest |advantage|.
+function advantageColor(a, scale) {
+  const x = Math.max(-1, Math.min(1, a / (scale || 1)));
+  return x >= 0 ? `hsl(215, 85%, ${Math.round(100 - 42 * x)}%)` : `hsl(0, 85%, ${Math.round(100 + 42 * x)}%)`;
+}
+
 function tokenSpan(id, text, info, mode) {
   const shown = text === null || text === undefined ? `[${id}]` : text.replace(/\n/g, "↵\n");
   const span = h("span", { class: `tok ${info.mask === 1 ? "m1" : "m0"}`, "data-id": id, "data-pos": info.pos }, shown);
   if (mode === "logprob" && info.mask === 1 && typeof info.lp === "number") span.style.background = logprobColor(info.lp);
+  if (mode === "advantage" && info.mask === 1 && typeof info.adv === "number") span.style.background = advantageColor(info.adv, info.scale);
   span._info = { id, text, ...info };
   return span;
 }
@@ -93,7 +100,8 @@ function showTip(evt) {
   if (!s) { tip.style.display = "none"; return; }
   const i = s._info;
   tip.textContent = `id ${i.id} · ${i.where} pos ${i.pos}` + (i.mask !== undefined ? ` · mask ${i.mask}` : "") +
-    (typeof i.lp === "number" ? ` · logprob ${i.lp}` : "") + (i.text != null ? ` · ${JSON.stringify(i.text)}` : "");
+    (typeof i.lp === "number" ? ` · logprob ${i.lp}` : "") + (typeof i.adv === "number" ? ` · advantage ${i.adv}` : "") +
+    (i.text != null ? ` · ${JSON.stringify(i.text)}` : "");
   tip.style.display = "block";
   tip.style.left = `${evt.pageX + 12}px`; tip.style.top = `${evt.pageY + 14}px`;
 }
@@ -106,13 +114,15 @@ function renderTokens(rec, mode) {
   wrap.appendChild(h("details", {}, h("summary", {}, `prompt: ${(rec.prompt_ids || []).length} tokens (not trained)`), prompt));
   const resp = h("div", { class: "tok-response" });
   const starts = new Map((rec.turns || []).map((t, k) => [t.gen_start, { k, t }]));
-  const mask = rec.loss_mask || [], lps = rec.rollout_logprobs || [];
+  const mask = rec.loss_mask || [], lps = rec.rollout_logprobs || [], advs = rec.advantages || [];
+  const scale = advantageScale(rec);
   (rec.response_ids || []).forEach((id, pos) => {
     if (starts.has(pos)) {
       const { k, t } = starts.get(pos);
       resp.appendChild(h("span", { class: "turn-mark" }, `turn ${k + 1} · score ${fmt(t.score)}`));
     }
-    resp.appendChild(tokenSpan(id, rtoks && rtoks[pos], { pos, where: "response", mask: mask[pos], lp: lps[pos] }, mode));
+    resp.appendChild(tokenSpan(id, rtoks && rtoks[pos],
+      { pos, where: "response", mask: mask[pos], lp: lps[pos], adv: mask[pos] === 1 ? advs[pos] : undefined, scale }, mode));
   });
   wrap.appendChild(resp);
   for (const el of [prompt, resp]) {
@@ -121,6 +131,31 @@ function renderTokens(rec, mode) {
     el.addEventListener("mouseleave", () => { tokenTip().style.display = "none"; });
   }
   return wrap;
+}
+
+function advantageScale(rec) {
+  let m = 0;
+  (rec.advantages || []).forEach((a, i) => { if (rec.loss_mask && rec.loss_mask[i] === 1) m = Math.max(m, Math.abs(a)); });
+  return m;
+}
+
+function legend(rec, mode) {
+  const row = h("div", { class: "legend-row" });
+  if (mode === "advantage") {
+    const s = advantageScale(rec);
+    row.append(h("span", { class: "tok", style: `background:${advantageColor(-s, s)}` }, `advantage ${fmt(-s)}`), " ",
+      h("span", { class: "tok", style: "background:#fff" }, "0"), " ",
+      h("span", { class: "tok", style: `background:${advantageColor(s, s)}` }, `+${fmt(s)}`), " ",
+      h("span", { class: "tok m0" }, "not trained (mask 0)"));
+  } else if (mode === "logprob") {
+    row.append(h("span", { class: "tok", style: `background:${logprobColor(-5)}` }, "unlikely"), " ",
+      h("span", { class: "tok", style: `background:${logprobColor(0)}` }, "certain (p = 1)"), " ",
+      h("span", { class: "tok m0" }, "not trained (mask 0)"));
+  } else {
+    row.append(h("span", { class: "tok m1" }, "trained (mask 1)"), " ",
+      h("span", { class: "tok m0" }, "not trained (mask 0: tool results, feedback, template)"));
+  }
+  return row;
 }
 
 function renderTrajectory(rec, opts = {}) {
@@ -132,14 +167,15 @@ function renderTrajectory(rec, opts = {}) {
   out.appendChild(renderConversation(rec));
   const nTrained = (rec.loss_mask || []).filter((m) => m === 1).length;
   const tokBox = h("div", {});
-  const mode = h("select", { class: "tok-mode", onchange: () => { tokBox.replaceChildren(renderTokens(rec, mode.value)); } },
-    h("option", { value: "mask" }, "colour: loss mask"), h("option", { value: "logprob" }, "colour: rollout log-prob"));
+  const draw = (m) => tokBox.replaceChildren(legend(rec, m), renderTokens(rec, m));
+  const hasAdv = Array.isArray(rec.advantages) && rec.advantages.length === (rec.response_ids || []).length;
+  const mode = h("select", { class: "tok-mode", onchange: () => draw(mode.value) },
+    h("option", { value: "mask" }, "colour: loss mask"), h("option", { value: "logprob" }, "colour: rollout log-prob"),
+    hasAdv ? h("option", { value: "advantage" }, "colour: advantage") : null);
   out.appendChild(h("h3", {}, "Tokens ", h("span", { class: "muted" },
     `${(rec.response_ids || []).length} response tokens, ${nTrained} trained` +
     (rec.response_tokens ? "" : " · no tokenizer found: showing ids")), " ", mode));
-  out.appendChild(h("div", { class: "legend-row" }, h("span", { class: "tok m1" }, "trained (mask 1)"), " ",
-    h("span", { class: "tok m0" }, "not trained (mask 0: tool results, feedback, template)")));
-  tokBox.appendChild(renderTokens(rec, "mask"));
+  draw("mask");
   out.appendChild(tokBox);
   return out;
 }
@@ -148,3 +184,4 @@ window.h = h;
 window.renderTrajectory = renderTrajectory;
 window.outcomeBadge = outcomeBadge;
 window.fmt = fmt;
+window.toolCallEl = toolCallEl;
