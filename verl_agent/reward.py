@@ -7,6 +7,11 @@ A spec is ``"module.func"`` (importable; the current directory is on the path) o
 * verl style: ``compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``
   (a dict must carry ``"score"``; its other numeric entries are kept as info)
 
+Either may instead return a list of numbers, one per assistant turn (the agent loop passes the turns'
+texts as ``extra_info["assistant_turns"]``): they become the turns' scores and their sum the reward,
+so turn-level estimators (``grpo_turn``, ``gigpo``) credit each turn with its own score. A dict's
+``"score"`` may be such a list too.
+
 A scorer that raises or returns something that is not a number never crashes the run: the sample gets
 score 0.0 and `RewardResult.error` says what went wrong (the trainer counts and logs these).
 """
@@ -35,6 +40,7 @@ class RewardResult:
     score: float
     info: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    turn_scores: list[float] | None = None  # one per assistant turn when the function returned a list
 
 
 def _import_callable(spec: str) -> Callable[..., Any]:
@@ -109,6 +115,12 @@ class RewardFunction:
                 return RewardResult(0.0, error=f"{self.spec} returned a dict without 'score': keys {sorted(raw)}")
             info = {k: float(v) for k, v in raw.items() if k != "score" and isinstance(v, (int, float))}
             raw = raw["score"]
+        if isinstance(raw, (list, tuple)):
+            bad = [x for x in raw if not isinstance(x, (int, float)) or not math.isfinite(float(x))]
+            if bad:
+                return RewardResult(0.0, info, error=f"{self.spec} returned a per-turn list with {bad[0]!r:.60}, "
+                                    "not a finite number")
+            return RewardResult(float(sum(raw)), info, turn_scores=[float(x) for x in raw])
         if not isinstance(raw, (int, float)) or not math.isfinite(float(raw)):  # bool counts as 0/1
             return RewardResult(0.0, info, error=f"{self.spec} returned {raw!r:.60}, not a finite number")
         return RewardResult(float(raw), info)

@@ -24,7 +24,10 @@ nothing generated), "left"/"right" (cut that side of the prompt ids) or "error" 
 infrastructure failure with cause "prompt_too_long").
 
 Reward: interaction.calculate_score if an interaction is attached, else reward_fn, else the
-tools' calc_reward. Tool `release` and interaction `finalize_interaction` always run.
+tools' calc_reward. Per-turn scores (Turn.score): the interaction's score of each reply, the sum
+of the tools' step rewards of each turn's calls, or a reward function's list (one score per
+assistant turn, given the turns' texts in extra_info["assistant_turns"]; the reward is its sum).
+An interaction may name the state a turn starts from (info["state_key"]; Turn.state_key). Tool `release` and interaction `finalize_interaction` always run.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class _Episode:
     user_turns: int = 0
     last_text: str = ""
     pending: Any = None  # ParseResult of the last assistant turn (None without tools)
+    state_key: str | None = None  # the interaction's info["state_key"] for the next turn (Turn.state_key)
     engine_session: str | None = None  # names this trajectory to the engine (KV reuse across its turns)
     counts: dict[str, float] = field(default_factory=lambda: {"tool_calls": 0, "tool_errors": 0, "malformed_calls": 0})
 
@@ -282,7 +286,7 @@ class AgentLoop:
         traj.rollout_logprobs += [float(x) for x in out.logprobs]
         # read after the call: weights change only while no generate call is in flight (rollout/stream.py)
         turn = Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids),
-                    policy_version=self.policy_version)
+                    policy_version=self.policy_version, state_key=ep.state_key)
         turn.gen_seconds = time.perf_counter() - t0
         traj.turns.append(turn)
         ep.assistant_turns += 1
@@ -320,8 +324,9 @@ class AgentLoop:
         if self.mt.max_user_turns is not None and ep.user_turns >= self.mt.max_user_turns:
             raise _Stop("max_user_turns")
         t0 = time.perf_counter()
-        done, reply, score, _info = await ep.interaction.respond(ep.messages)
+        done, reply, score, info = await ep.interaction.respond(ep.messages)
         turn.score, turn.tool_seconds = float(score), time.perf_counter() - t0
+        ep.state_key = None if info.get("state_key") is None else str(info["state_key"])
         if ep.interaction.error:
             raise InfraFailure("interaction_error", f"interaction failed: {ep.interaction.error}")
         if done:
@@ -344,12 +349,21 @@ class AgentLoop:
                 raise InfraFailure("interaction_error", f"interaction calculate_score failed: {ep.interaction.error}")
             return score
         if self.reward_fn is not None:
+            turn_texts = [self.tokenizer.decode(traj.response_ids[t.gen_start : t.gen_end], skip_special_tokens=True)
+                          for t in traj.turns]  # what a per-turn reward function scores
             res = await asyncio.to_thread(
                 self.reward_fn, data_source=sample.data_source, solution_str=ep.last_text,
-                ground_truth=sample.ground_truth, extra_info=dict(sample.extra_info),
+                ground_truth=sample.ground_truth, extra_info={**sample.extra_info, "assistant_turns": turn_texts},
             )  # fmt: skip
             if getattr(res, "error", None):
                 raise InfraFailure("reward_error", res.error)
+            per_turn = getattr(res, "turn_scores", None)
+            if per_turn is not None:  # a list per turn: the turns' scores, and their sum is the reward
+                if len(per_turn) != len(traj.turns):
+                    raise InfraFailure("reward_error", f"the reward function returned {len(per_turn)} per-turn "
+                                       f"scores for {len(traj.turns)} assistant turns")
+                for turn, value in zip(traj.turns, per_turn):
+                    turn.score = float(value)
             return float(getattr(res, "score", res))
         if ep.session is not None:
             try:

@@ -2,13 +2,15 @@
 
 A record holds the messages, the decoded prompt/response text, the token ids,
 loss mask and rollout log-probs, the rewards with per-turn boundaries and
-scores, turn timings, stop reason and metrics.
+scores, turn timings, stop reason and metrics. Training records also carry ``advantages``: the
+advantage of every response token (aligned with ``response_ids``, 0.0 off the loss mask, rounded
+to 4 decimals) as the loss used it; trajectories left out of the loss have none.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,8 @@ from verl_agent.protocol import RolloutBatch, Trajectory
 __all__ = ["trajectory_record", "write_records", "read_records", "print_records"]
 
 
-def trajectory_record(traj: Trajectory, tokenizer: Any = None, step: int | None = None) -> dict[str, Any]:
+def trajectory_record(traj: Trajectory, tokenizer: Any = None, step: int | None = None,
+                      advantages: Sequence[float] | None = None) -> dict[str, Any]:  # fmt: skip
     """A JSON-ready dict of one trajectory (texts decoded with `tokenizer` when given)."""
     rec: dict[str, Any] = {
         "uid": traj.uid,
@@ -39,12 +42,19 @@ def trajectory_record(traj: Trajectory, tokenizer: Any = None, step: int | None 
         rec["response_text"] = tokenizer.decode(traj.response_ids)
     rec.update(prompt_ids=traj.prompt_ids, response_ids=traj.response_ids, loss_mask=traj.loss_mask,
                rollout_logprobs=[round(x, 5) for x in traj.rollout_logprobs])  # fmt: skip
+    if advantages is not None:
+        if len(advantages) != len(traj.response_ids):
+            raise ValueError(f"trajectory {traj.uid}: {len(advantages)} advantages for "
+                             f"{len(traj.response_ids)} response tokens")
+        rec["advantages"] = [round(float(a), 4) if m else 0.0 for a, m in zip(advantages, traj.loss_mask)]
     return rec
 
 
 def write_records(path: str | Path, batch: RolloutBatch, tokenizer: Any = None, step: int | None = None,
-                  append: bool = True) -> Path:  # fmt: skip
+                  append: bool = True, advantages: Sequence[Sequence[float] | None] | None = None) -> Path:  # fmt: skip
     """Append (or write) one line per trajectory; returns the path.
+
+    ``advantages``: per trajectory, its per-token advantages or None (see `trajectory_record`).
 
     The lines are written in one locked write, so several processes (the trainer's workers)
     may append to the same file without interleaving.
@@ -53,8 +63,9 @@ def write_records(path: str | Path, batch: RolloutBatch, tokenizer: Any = None, 
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps(trajectory_record(t, tokenizer, step), ensure_ascii=False) + "\n"
-                   for t in batch.trajectories)  # fmt: skip
+    advs = advantages if advantages is not None else [None] * len(batch.trajectories)
+    text = "".join(json.dumps(trajectory_record(t, tokenizer, step, a), ensure_ascii=False) + "\n"
+                   for t, a in zip(batch.trajectories, advs, strict=True))  # fmt: skip
     with path.open("a" if append else "w", encoding="utf-8") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

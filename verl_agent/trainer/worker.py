@@ -133,6 +133,7 @@ class TrainWorker:
         threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True).start()
         self.critic = self.ref = None
         self.trajs: list[Trajectory] = []  # this rank's trajectories of the current step
+        self._step = 0  # the step they belong to
         self.version = 0  # policy version of the engine's weights (the step whose update it holds)
         self._reward_seconds = 0.0
         self.seqs: list[TrainSeq] = []  # ... those that may be trained on, as training sequences
@@ -249,7 +250,7 @@ class TrainWorker:
         self.trajs = trajs
         self.seqs, counts = train_seqs(trajs, self.cfg.algorithm.adv_estimator in GROUP_ESTIMATORS)
         counts["train/stale_groups_dropped"] = float(dropped)
-        self._log(trajs, f"step_{step}.jsonl", step)
+        self._step = step  # compute_advantages writes the step's records, with the advantages
         reward_total = self.reward_timer.seconds if self.reward_timer else 0.0
         reward_s, self._reward_seconds = reward_total - self._reward_seconds, reward_total
         return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs], reward_seconds=reward_s,
@@ -272,13 +273,21 @@ class TrainWorker:
         self._log(trajs, f"val_step_{step}.jsonl", step)
         return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs])
 
-    def _log(self, trajs: list[Trajectory], name: str, step: int) -> None:
-        """trainer.log_trajectories: append to <run dir>/trajectories/<name> (ranks append whole blocks)."""
+    def _log(self, trajs: list[Trajectory], name: str, step: int, seqs: list[TrainSeq] | None = None) -> None:
+        """trainer.log_trajectories: append to <run dir>/trajectories/<name> (ranks append whole blocks).
+
+        With `seqs` (training), each trajectory that reached the loss carries its per-token advantages.
+        """
         if self.cfg.trainer.log_trajectories and trajs:
             from verl_agent.protocol import RolloutBatch
             from verl_agent.rollout.records import write_records
 
-            write_records(self.cfg.run_dir / "trajectories" / name, RolloutBatch(trajs), self.tokenizer, step=step)
+            advs: list = [None] * len(trajs)
+            for s in seqs or []:
+                if "trajectory" in s.extra and s.advantages is not None:
+                    advs[s.extra["trajectory"]] = s.advantages.tolist()
+            write_records(self.cfg.run_dir / "trajectories" / name, RolloutBatch(trajs), self.tokenizer, step=step,
+                          advantages=advs)
 
     def set_sequences(self, seqs: list[TrainSeq]) -> None:
         """Train on these sequences instead of rolled-out ones (offline data; tests)."""
@@ -334,6 +343,7 @@ class TrainWorker:
             self.seqs, metrics["train/kept_group_fraction"] = filter_groups(self.seqs, algo.filter_groups.metric,
                                                                             _reduce)
         n = int(_reduce(torch.tensor([len(self.seqs)], dtype=torch.float64))[0])
+        self._log(self.trajs, f"step_{self._step}.jsonl", self._step, self.seqs)
         return AdvantageResult(metrics=metrics, kl=kl, sequences=n)
 
     def update(self, n_minibatches: int, step: int, update_actor_now: bool = True) -> dict[str, float]:
