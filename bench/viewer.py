@@ -1,8 +1,8 @@
 """Viewer load time on a large step file (not a test): prints a table and one JSON line.
 
 Writes a run whose trajectories/step_1.jsonl holds N trajectories of T tokens (default 10,000 x 4,096:
-1,024 prompt + 3,072 response tokens over 3 tool-calling turns, ~1 GB), in the exact layout of
-`records.trajectory_record`, then times the viewer on it through its HTTP API (FastAPI TestClient,
+1,024 prompt + 3,072 response tokens over 3 tool-calling turns, with per-token advantages, ~1.1 GB), in the
+exact layout of `records.trajectory_record`, then times the viewer on it through its HTTP API (FastAPI TestClient,
 fresh app = nothing cached in the process; the file itself is in the OS page cache, as right after
 the trainer wrote it). Target: the first page of the step browser in under 2 s.
 
@@ -49,13 +49,16 @@ def _template(tokens: int, variant: int, rng: random.Random) -> str:
     traj = Trajectory("@UID@", [rng.randrange(3, 500) for _ in range(n_prompt)], ids, mask, lps, reward=reward,
                       turns=tl, messages=msgs, outcome=outcome, cause=cause)  # fmt: skip
     rec = trajectory_record(traj, step=1)
+    # the trainer's per-token advantages (records.py): one float per response token, 0.0 off the loss mask
+    adv = round(rng.uniform(-2, 2), 4)
+    rec["advantages"] = [adv if m else 0.0 for m in mask]
     rec["prompt_text"], rec["response_text"] = words * 2, words * 3  # as if decoded by a tokenizer
     return json.dumps(rec, ensure_ascii=False)
 
 
 def make_run(root: Path, n: int, tokens: int) -> Path:
     path = root / "trajectories" / "step_1.jsonl"
-    stamp = root / f".done-{n}-{tokens}"
+    stamp = root / f".done-{n}-{tokens}-adv"
     if stamp.exists():
         return root
     rng = random.Random(0)
