@@ -60,8 +60,9 @@ def _port() -> int:
 
 def start_server(backend: str, *flags: str) -> tuple[subprocess.Popen, str]:
     port = _port()
+    level = [] if "--log-level" in flags else ["--log-level", "warning"]
     proc = subprocess.Popen([sys.executable, "-m", "verl_agent.sandbox.cli", "serve", "--backend", backend,
-                             "--port", str(port), "--log-level", "warning", *flags])
+                             "--port", str(port), *level, *flags])
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -283,7 +284,7 @@ async def _kill(url: str, others: int, kills: int, baseline_s: float) -> dict:
 
 
 def section_kill(backend: str, kills: int, others: int) -> dict:
-    proc, url = start_server(backend)
+    proc, url = start_server(backend, "--log-level", "error")  # each kill would log a warning
     try:
         res = asyncio.run(_kill(url, others, kills, baseline_s=20.0))
         deadline = time.monotonic() + 60

@@ -129,6 +129,7 @@ def test_concurrent_timeouts_share_cpu_and_come_back_on_time(docker_server):
 
             return await asyncio.gather(*(one() for _ in range(n)))
 
+    grew = pool_stats(server)["total"] < n  # earlier tests on this shared server may have grown it already
     for grown in (False, True):
         outs = asyncio.run(burst())
         for e2e, out in outs:
@@ -138,7 +139,7 @@ def test_concurrent_timeouts_share_cpu_and_come_back_on_time(docker_server):
             assert e2e - out["queue_time"] - out["run_result"]["execution_time"] < 2.0, (e2e, out)
         if not grown:
             assert pool_stats(server)["peak"] == n  # grew past the warm minimum to the maximum
-            assert max(o["queue_time"] for _, o in outs) > 0  # some waited for a sandbox, and were told
+            assert max(o["queue_time"] for _, o in outs) > 0 or not grew  # some waited, and were told
         else:
             assert len({o["executor_pod_name"] for _, o in outs}) == n  # all at once, one sandbox each
             assert all(o["queue_time"] < 0.5 for _, o in outs), [o["queue_time"] for _, o in outs]

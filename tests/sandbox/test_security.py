@@ -29,13 +29,18 @@ def healthy_and_clean(server, run) -> None:
     check = ("import os, time\nleft = [d + '/' + f for d in ('/tmp', '/dev/shm', '/var/tmp') for f in os.listdir(d)]\n"
              "procs = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]\n"
              "print(sorted(left), len(procs))\ntime.sleep(0.3)")
-    workers = server.service.pool.idle()
-    with ThreadPoolExecutor(workers) as pool:
-        outs = list(pool.map(lambda _: run(server, check), range(workers)))
-    assert len({o["executor_pod_name"] for o in outs}) == workers, outs
-    for out in outs:
-        assert out["status"] == "Success", out
-        assert out["run_result"]["stdout"] == "['/tmp/sandbox'] 0\n", out
+    workers = {w.name for w, _ in server.service.pool._idle}
+    seen: set[str] = set()
+    for _ in range(5):  # on a loaded machine one round may not reach every worker
+        with ThreadPoolExecutor(len(workers)) as pool:
+            outs = list(pool.map(lambda _: run(server, check), range(len(workers))))
+        for out in outs:
+            assert out["status"] == "Success", out
+            assert out["run_result"]["stdout"] == "['/tmp/sandbox'] 0\n", out
+        seen |= {o["executor_pod_name"] for o in outs}
+        if workers <= seen:
+            break
+    assert workers <= seen, (workers, seen)
 
 
 def host_procs_matching(marker: str) -> list[int]:

@@ -60,7 +60,16 @@ async def test_overload_answers_503_fast_and_client_retries(tiny_server):
         refused = await http.post("/run_code", json=body)
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert time.monotonic() - t0 < 1.0 and "overloaded" in refused.json()["message"]
+        # a retry (marked by SandboxClient) takes a reserve slot that a first attempt cannot take
+        retry = asyncio.create_task(http.post("/run_code", json={"code": "echo retried", "language": "bash"},
+                                              headers={"X-Sandbox-Retry": "1"}))
+        while service.pool.waiting() < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert service.pool.waiting() == 2
+        assert (await http.post("/run_code", json=body)).status_code == 503
+        assert (await http.post("/run_code", json=body, headers={"X-Sandbox-Retry": "1"})).status_code == 503
         assert [r.status_code for r in await asyncio.gather(*slow)] == [200, 200]
+        assert (await retry).json()["run_result"]["stdout"] == "retried\n"
     async with SandboxClient(tiny_server.url, ClientLimits(max_retries=8, backoff_base=0.2)) as client:
         outs = await asyncio.gather(*(client.run_code("echo ok", "bash") for _ in range(5)))
     assert [o.run_result.stdout for o in outs] == ["ok\n"] * 5  # retried through the 503s

@@ -16,27 +16,35 @@ Protected (one adversarial test per line in tests/sandbox/test_security.py, on b
 - network: no interface but loopback (own network namespace); the server's port is unreachable.
 - secrets: a clean environment; no host home, no docker socket; the agent is non-dumpable, so
   /proc/1/environ, /proc/1/mem and ptrace are closed to programs of the same uid.
-- other runs: one run per sandbox at a time; own PID namespace; after a run, leftovers are killed
-  and /tmp, /dev/shm, /var/tmp are wiped; a sandbox that may be dirty (timeout, survivors,
-  SysV IPC in use, protocol error) is destroyed and replaced, never reused.
+- other runs: one run per sandbox at a time; own PID namespace; after a run (finished or timed
+  out), every other process is killed and /tmp, /dev/shm, /var/tmp are wiped; a sandbox that may be
+  dirty (a survivor of that kill, scratch not wiped, SysV IPC in use, a protocol error or the
+  server-side deadline) is destroyed and replaced, never reused.
 - file paths: ``files``/``fetch_files`` must stay in the work dir; symlinks are never followed.
 - privileges: a non-root uid; docker: ``--cap-drop ALL`` + ``no-new-privileges``; process: an
   unprivileged user namespace (no capabilities on the host).
 - the supervisor itself: started as ``python3 -I`` so its import path holds neither its working
   directory (the user-writable /tmp) nor PYTHON* variables: a planted module is never imported.
-- measured, not assumed (docker): at start-up a probe container with the runner's exact flags checks
-  uid, network, read-only root, capability sets, PID namespace, environment and cgroup limits; a
-  failed guarantee refuses to serve (``IsolationError`` naming it). ``/v1/health`` shows the result.
-- other servers on the host: runner containers carry the server's own instance id and a server
-  removes only its own (a restarted server given the same ``instance_id`` cleans up its predecessor).
-- the server: bounded queue (503 + Retry-After when full), request body limit, a crashed sandbox is
-  replaced and its request answered ``SandboxError``.
+- measured, not assumed (both backends): at start-up a probe sandbox started exactly like a worker
+  checks uid, network, read-only root, capability sets, PID namespace, environment, scratch mounts
+  and cgroup limits (docker: from inside; process: membership and limits read from the host); a
+  failed guarantee that the backend claims refuses to serve (``IsolationError`` naming it).
+  ``/v1/health`` shows the result.
+- other servers on the host: runner containers (docker) and cgroups (process) carry the server's own
+  instance id and a server removes only its own (a restarted server given the same ``instance_id``,
+  ``verl-agent sandbox serve --instance-id``, cleans up its predecessor).
+- the server: bounded queue (503 + Retry-After when full; the client retries), request body limit, a
+  crashed sandbox (even one whose PID 1 was killed) is replaced and its request answered
+  ``SandboxError``. The pool is elastic (``min_pool_size`` warm, grown on demand to
+  ``max_pool_size``, shrunk after ``pool_idle_timeout``); running sandboxes share the CPU under
+  per-sandbox quotas (no pinning), so concurrent runs time out on their own wall-clock deadline, and
+  each response reports ``queue_time`` apart from ``execution_time``. See docs/sandbox.md.
 
 Not protected: kernel exploits (containers and namespaces share the host kernel; use gVisor/VMs for
 that), covert timing channels between concurrent runs, CPU time stolen from neighbours within the
 CPU quota. In a session the same trajectory's calls share one sandbox on purpose. The process
-backend without root has no cgroup limits: ``/v1/health`` lists which guarantees hold (its values
-are derived from its configuration; only the docker backend probes them). Session ids are bearer
+backend without root (or without a writable cgroup v1 hierarchy) has no cgroup limits: it does not
+claim them, and ``/v1/health`` lists them as not holding. Session ids are bearer
 tokens: whoever holds one may use and close that session, so clients must not share or log them.
 
 Sessions (our extension): a client obtains a session id from the server, never chooses one:

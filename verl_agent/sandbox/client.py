@@ -4,7 +4,9 @@ Retries (jittered exponential backoff) only what a retry can fix: connection err
 up to ``max_retries`` times; a 503 overload answer (the server's queue is full) is retried for up to
 ``overload_retry_s`` seconds, waiting at least its ``Retry-After``, since overload clears as runs
 finish. A program's own failure (``Failed``) and a malformed request (422) come back at once.
-``retried`` counts the retries by cause (``overloaded``, ``http_5xx``, ``transport``). ``max_concurrency`` caps requests in flight from this client; ``transport`` is injectable
+``retried`` counts the retries by cause (``overloaded``, ``http_5xx``, ``transport``). A retry carries
+``X-Sandbox-Retry``, which lets our server admit it to a reserve of waiting slots that first
+attempts cannot take, so a client that got a 503 is not starved by clients that never did. ``max_concurrency`` caps requests in flight from this client; ``transport`` is injectable
 (httpx.MockTransport, ASGITransport) for tests.
 """
 
@@ -93,11 +95,11 @@ class SandboxClient:
     async def _post(self, path: str, body: dict, budget: float) -> dict:
         lim = self.limits
         async with self._slots:
-            attempt, overload_until = 0, None
+            attempt, tries, overload_until, headers = 0, 0, None, {}
             while True:
-                wait_at_least = 0.0
+                wait_at_least, tries = 0.0, tries + 1
                 try:
-                    resp = await self._http.post(path, json=body, timeout=httpx.Timeout(
+                    resp = await self._http.post(path, json=body, headers=headers, timeout=httpx.Timeout(
                         budget + lim.request_slack, connect=lim.connect_timeout))
                 except httpx.TransportError as e:
                     reason, cause = f"{type(e).__name__}: {e}", "transport"
@@ -120,7 +122,8 @@ class SandboxClient:
                 delay = min(lim.backoff_max, lim.backoff_base * 2 ** min(attempt, 16)) * random.uniform(0.5, 1.0)
                 delay = max(delay, wait_at_least * random.uniform(1.0, 1.5))  # spread the retries of a burst
                 self.retried[cause] += 1
+                headers = {"X-Sandbox-Retry": "1"}  # admitted to the server's reserve queue
                 logger.debug("sandbox %s failed (%s); retry in %.2fs", path, reason, delay)
                 await asyncio.sleep(delay)
-        raise SandboxUnavailable(f"sandbox at {self.url}{path}: {reason} (after {attempt + 1} attempts"
+        raise SandboxUnavailable(f"sandbox at {self.url}{path}: {reason} (after {tries} attempts"
                                  f"{' and ' + format(lim.overload_retry_s, '.0f') + ' s of overload' if overload_until else ''})")

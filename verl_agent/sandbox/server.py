@@ -3,7 +3,8 @@
 Status codes: 200 for every run that reached a decision (``Success``/``Failed``/``SandboxError`` in
 the body, as Sandbox Fusion does), 422 for a malformed request (FastAPI names the field), 413 for a
 body over ``max_body_bytes``, 503 + ``Retry-After`` when overloaded or when ``/open_session`` finds
-every session slot taken (clients retry).
+every session slot taken (clients retry; a retry carrying ``X-Sandbox-Retry`` may use a reserve of
+waiting slots, see ``service``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from verl_agent.sandbox.sessions import SessionError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BodyLimit", "create_app"]
+__all__ = ["RETRY_HEADER", "BodyLimit", "create_app"]
+
+RETRY_HEADER = "x-sandbox-retry"  # set by SandboxClient on a retry after a 503: admitted to the reserve queue
 
 
 class BodyLimit:
@@ -90,12 +93,12 @@ def create_app(service: SandboxService, max_body_bytes: int = 64 << 20) -> FastA
                 "guarantees": service.backend.guarantees(), "languages": sorted(service.languages)}
 
     @app.post("/run_code", response_model=RunCodeResponse, response_model_exclude_none=False)
-    async def run_code(req: RunCodeRequest) -> RunCodeResponse:
-        return await service.run_code(req)
+    async def run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse:
+        return await service.run_code(req, retried=RETRY_HEADER in request.headers)
 
     @app.post("/run_jupyter", response_model=RunJupyterResponse)
-    async def run_jupyter(req: RunJupyterRequest) -> RunJupyterResponse:
-        return await service.run_jupyter(req)
+    async def run_jupyter(req: RunJupyterRequest, request: Request) -> RunJupyterResponse:
+        return await service.run_jupyter(req, retried=RETRY_HEADER in request.headers)
 
     @app.post("/open_session", response_model=OpenSessionResponse)
     async def open_session() -> OpenSessionResponse:

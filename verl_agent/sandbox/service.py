@@ -7,7 +7,10 @@ no pinning), so a burst of runs time out on their own wall-clock deadlines inste
 
 Admission: at most ``max_queue`` requests wait for a worker; beyond that, or after ``queue_timeout``
 seconds of waiting, a request fails fast with ``Overloaded`` (HTTP 503 + Retry-After; clients
-retry). A worker that crashes or hangs past the server-side deadline is destroyed and replaced, and
+retry). A retried request (``SandboxClient`` marks it with the ``X-Sandbox-Retry`` header) may also
+take one of a second ``max_queue`` waiting slots: closed-loop clients refill a freed slot the moment
+they are answered, and without this reserve a client that got a 503 could lose that race again and
+again. A worker that crashes or hangs past the server-side deadline is destroyed and replaced, and
 its request answers ``SandboxError``: never lost silently, never a 500. Every response carries
 ``queue_time``: the seconds it waited for a sandbox, apart from the run's own ``execution_time``.
 """
@@ -110,12 +113,12 @@ class SandboxService:
         await self.pool.close()
         await self.backend.close()
 
-    async def _acquire(self) -> tuple[Worker, float]:
+    async def _acquire(self, retried: bool = False) -> tuple[Worker, float]:
         """A worker and the seconds waited for it; ``Overloaded`` when the queue is full or too slow."""
         worker = self.pool.try_acquire()
         if worker is not None:
             return worker, 0.0
-        if self.pool.waiting() >= self.settings.max_queue:
+        if self.pool.waiting() >= self.settings.max_queue * (2 if retried else 1):
             self.stats["overloaded"] += 1
             raise Overloaded(f"{self.pool.waiting()} requests already waiting for a sandbox; retry later")
         t0 = time.monotonic()
@@ -131,9 +134,9 @@ class SandboxService:
     async def _session_worker(self) -> Worker:
         return (await self._acquire())[0]
 
-    async def _call(self, job: dict, deadline: float) -> tuple[dict | None, str, str | None, float]:
+    async def _call(self, job: dict, deadline: float, retried: bool = False) -> tuple[dict | None, str, str | None, float]:
         """Run ``job`` on a pooled worker: (reply, error message, worker name, queue wait in seconds)."""
-        worker, waited = await self._acquire()
+        worker, waited = await self._acquire(retried)
         try:
             reply = await worker.call(job, deadline)
         except WorkerError as e:
@@ -165,7 +168,7 @@ class SandboxService:
         deadline = req.run_timeout + (req.compile_timeout if lang.compile else 0) + GRACE_S
         return job, deadline
 
-    async def run_code(self, req: RunCodeRequest) -> RunCodeResponse:
+    async def run_code(self, req: RunCodeRequest, retried: bool = False) -> RunCodeResponse:
         self.stats["runs"] += 1
         if req.language not in LANGUAGES or req.language not in self.languages:
             known = ", ".join(sorted(self.languages))
@@ -177,7 +180,7 @@ class SandboxService:
             return RunCodeResponse(status=RunStatus.Failed, message=str(e))
         if req.session_id is not None:
             return await self._session_run(req, job, deadline)
-        reply, error, name, waited = await self._call(job, deadline)
+        reply, error, name, waited = await self._call(job, deadline, retried)
         if reply is None:
             return RunCodeResponse(status=RunStatus.SandboxError, message=error, executor_pod_name=name,
                                    queue_time=waited)
@@ -214,7 +217,7 @@ class SandboxService:
         return RunCodeResponse(status=RunStatus.Success if rc == 0 else RunStatus.Failed, run_result=run,
                                message="; ".join(reply.get("fetch_errors", [])), files=reply.get("files", {}))
 
-    async def run_jupyter(self, req: RunJupyterRequest) -> RunJupyterResponse:
+    async def run_jupyter(self, req: RunJupyterRequest, retried: bool = False) -> RunJupyterResponse:
         self.stats["runs"] += 1
         try:
             job = {"op": "jupyter", "cells": req.cells, "cell_timeout": req.cell_timeout,
@@ -224,7 +227,7 @@ class SandboxService:
                    "max_output": self.settings.max_output_bytes, "max_file": self.settings.max_file_bytes}
         except ValueError as e:
             return RunJupyterResponse(status=RunStatus.Failed, message=str(e))
-        reply, error, name, waited = await self._call(job, req.total_timeout + GRACE_S)
+        reply, error, name, waited = await self._call(job, req.total_timeout + GRACE_S, retried)
         if reply is None:
             return RunJupyterResponse(status=RunStatus.SandboxError, message=error, executor_pod_name=name,
                                       queue_time=waited)

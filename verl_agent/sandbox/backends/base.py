@@ -28,6 +28,7 @@ __all__ = ["SandboxBackend", "Worker", "WorkerError", "WorkerPool", "agent_argv"
 
 WORKDIR = "/tmp/sandbox"
 _READ_LIMIT = 256 << 20  # one reply line may carry capped outputs and fetched files
+SPAWN_PARALLEL = 4  # sandboxes started at once by one pool
 
 
 class WorkerError(RuntimeError):
@@ -150,6 +151,7 @@ class WorkerPool:
         self._idle: deque[tuple[Worker, float]] = deque()  # (worker, idle since); right end = most recent
         self._waiters: deque[asyncio.Future] = deque()
         self._busy = self._starting = 0
+        self._spawn_slots = asyncio.Semaphore(SPAWN_PARALLEL)
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self.recycled = self.spawned = self.shrunk = 0
@@ -267,24 +269,16 @@ class WorkerPool:
         self._background(self._spawn())
 
     async def _spawn(self) -> None:
-        """Start one sandbox (retrying with back-off while the backend fails) and give it out."""
-        delay, worker = 0.5, None
+        """Start one sandbox (retrying with back-off while the backend fails) and give it out.
+
+        At most ``SPAWN_PARALLEL`` start at once: container starts share the CPU with the runs, and
+        in a burst the first sandboxes come up sooner one batch at a time than all together. A start
+        is not dropped when its waiter was served by a freed sandbox meanwhile: the pool keeps the
+        size the burst asked for until ``idle_timeout`` says the load is gone."""
+        worker = None
         try:
-            while worker is None and not self._closed:
-                try:
-                    worker = await self.backend.spawn()
-                    await worker.ready(self.spawn_timeout)
-                except (OSError, WorkerError) as e:
-                    if worker is not None:
-                        await worker.destroy()
-                        worker = None
-                    logger.warning("starting a %s sandbox failed (%s); retrying in %.1fs", self.backend.name, e, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 10.0)
-                except BaseException:
-                    if worker is not None:
-                        await asyncio.shield(worker.destroy())
-                    raise
+            async with self._spawn_slots:
+                worker = await self._start_worker()
         finally:
             self._starting -= 1
         if worker is None:
@@ -294,6 +288,26 @@ class WorkerPool:
             await worker.destroy()
         else:
             self._give(worker)
+
+    async def _start_worker(self) -> Worker | None:
+        """One ready sandbox; retried with back-off while the backend fails (None once closed)."""
+        delay, worker = 0.5, None
+        while worker is None and not self._closed:
+            try:
+                worker = await self.backend.spawn()
+                await worker.ready(self.spawn_timeout)
+            except (OSError, WorkerError) as e:
+                if worker is not None:
+                    await worker.destroy()
+                    worker = None
+                logger.warning("starting a %s sandbox failed (%s); retrying in %.1fs", self.backend.name, e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+            except BaseException:
+                if worker is not None:
+                    await asyncio.shield(worker.destroy())
+                raise
+        return worker
 
     async def _shrink_loop(self) -> None:
         while not self._closed:
