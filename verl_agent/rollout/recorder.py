@@ -45,6 +45,26 @@ def message_key(m: Message) -> tuple:
     return (m.role, m.content or "", calls, m.tool_call_id or None, m.name if m.role == "tool" else None)
 
 
+class _MemoEncoder(ChatEncoder):
+    """A `ChatEncoder` that remembers its last renders. A call's `encode_observation` ends by rendering the
+    conversation up to the next generation prompt, and the session's next call starts by rendering exactly
+    that again (its history before the new reply): one jinja render of three per call is saved. Keys are
+    the message objects themselves, held here, so identity is a safe key (the recorder never mutates them)."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict] | None = None) -> None:
+        super().__init__(tokenizer, tools=tools)
+        self._memo: list[tuple[tuple[Any, ...], bool, str]] = []
+
+    def render(self, messages: Any, add_generation_prompt: bool) -> str:
+        key = tuple(messages)
+        for k, agp, text in self._memo:
+            if agp == add_generation_prompt and len(k) == len(key) and all(a is b for a, b in zip(k, key)):
+                return text
+        text = super().render(messages, add_generation_prompt)
+        self._memo = [*self._memo[-2:], (key, add_generation_prompt, text)]
+        return text
+
+
 @dataclass
 class Segment:
     """One trajectory in the making: an unbroken token-exact extension of its first prompt."""
@@ -103,7 +123,7 @@ class SessionRecorder:
                 raise BudgetExceeded(f"the conversation needs {len(obs)} more tokens but only {left} of "
                                      f"data.max_response_length={self.max_response_length} are left", "response_budget")
             return seg, obs, seg.traj.prompt_ids + seg.traj.response_ids + obs
-        encoder = ChatEncoder(self.tokenizer, tools=tools)
+        encoder = _MemoEncoder(self.tokenizer, tools=tools)
         ids = list(encoder.encode_prompt(messages))
         limit = self.max_prompt_length + (self.max_response_length if self.segments else 0)
         if len(ids) > limit:
