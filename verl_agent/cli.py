@@ -113,10 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="trajectory JSONL path (default: <run dir>/rollout.jsonl)")
     p.set_defaults(func=_cmd_rollout)
 
+    from verl_agent.models.smollm2 import add_cli as add_smollm2_cli
     from verl_agent.models.tiny import add_cli as add_model_cli
 
-    p = sub.add_parser("model", help="build the embedded tiny model", description="Model utilities.")
-    add_model_cli(p.add_subparsers(dest="model_command", metavar="ACTION", required=True))
+    p = sub.add_parser("model", help="build the embedded tiny model or SmolLM2", description="Model utilities.")
+    actions = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    add_model_cli(actions)
+    add_smollm2_cli(actions)
     from verl_agent.sandbox.cli import add_cli as add_sandbox_cli
     from verl_agent.sandbox.cli import run_cli as run_sandbox_cli
 

@@ -152,12 +152,12 @@ def make_problems(n: int, seed: int = 0, split: str = "train") -> list[dict[str,
     return rows
 
 
-def make_verl_rows(rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+def make_verl_rows(rows: list[dict[str, Any]], split: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, Any]]:
     """The same problems in verl's row format (chat prompt, reward_model.ground_truth, data_source)."""
     return [
         {
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": r["prompt"]}],
+            "prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": r["prompt"]}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": r["answer"]},
             "extra_info": {"split": split, "index": i, "expression": r["expression"]},
@@ -167,8 +167,8 @@ def make_verl_rows(rows: list[dict[str, Any]], split: str) -> list[dict[str, Any
 
 
 def write_calculator_data(out_dir: str | Path, n_train: int = 512, n_test: int = 64, seed: int = 0,
-                          fmt: str = "simple") -> tuple[Path, Path]:
-    """Write train.jsonl / test.jsonl into `out_dir` ("simple" rows or "verl" rows); returns both paths."""
+                          fmt: str = "simple", system_prompt: str = SYSTEM_PROMPT) -> tuple[Path, Path]:
+    """Write train.jsonl / test.jsonl into `out_dir` ("simple" rows or "verl" rows with `system_prompt`)."""
     if fmt not in ("simple", "verl"):
         raise ValueError(f"fmt must be 'simple' or 'verl', got {fmt!r}")
     out = Path(out_dir)
@@ -177,7 +177,7 @@ def write_calculator_data(out_dir: str | Path, n_train: int = 512, n_test: int =
     for split, n in (("train", n_train), ("test", n_test)):
         rows = make_problems(n, seed=seed, split=split)
         if fmt == "verl":
-            rows = make_verl_rows(rows, split)
+            rows = make_verl_rows(rows, split, system_prompt)
         else:
             rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]
         path = out / f"{split}.jsonl"

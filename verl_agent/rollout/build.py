@@ -34,11 +34,16 @@ __all__ = [
 
 
 def resolve_model_path(path: str) -> str:
-    """'tiny' = the embedded tiny model (built locally on first use); anything else is a HF id or folder."""
+    """'tiny' = the embedded tiny model, 'smollm2' = SmolLM2-135M-Instruct from PyPI (both made locally on
+    first use); anything else is a HF id or folder."""
     if path == "tiny":
         from verl_agent.models.tiny import build_tiny
 
         return str(build_tiny())
+    if path == "smollm2":
+        from verl_agent.models.smollm2 import build_smollm2
+
+        return str(build_smollm2())
     return path
 
 
