@@ -1,17 +1,24 @@
-"""Checkpoints: never half-written, always resumable.
+"""Checkpoints: never half-written, verified on load, always resumable.
 
 Layout under ``<run dir>/checkpoints``::
 
     global_step_4/                  a complete checkpoint (renamed into place last)
         actor/  critic/             torch.distributed.checkpoint (DCP) shards: model + optimizer
         extra_rank{r}.pt            per-rank LR scheduler and RNG states
-        driver_state.json           step, data position, driver RNG, metrics history length
-    global_step_8.tmp/              being written (or left by a crash): ignored, cleaned on the next save
+        driver_state.json           step, data position, driver RNG, metrics of the step
+        complete.json               the completion marker: every file above with its size (written last)
+    global_step_8.tmp/              being written (or left by a crash): ignored, removed on the next save
     latest_checkpointed_iteration.txt   the newest complete step (verl's file name), replaced atomically
 
-A checkpoint directory is written as ``.tmp`` by all ranks, then the driver
-renames it (an atomic rename on one filesystem) and updates the "latest" file.
-A crash at any point leaves the previous checkpoint and "latest" intact.
+A save goes: all ranks write into ``.tmp``; the driver writes its state, fsyncs every
+file, writes the marker (fsynced), fsyncs the directories, renames ``.tmp`` into place
+(an atomic rename on one filesystem), fsyncs the parent and only then replaces the
+"latest" file. A crash or a full disk at any point leaves the previous checkpoint and
+"latest" intact. On load, a checkpoint counts only if its marker is there and every
+file it lists has its recorded size (a truncated or missing file fails the check);
+`find_latest` falls back to the newest checkpoint that passes and says why it skipped
+the others. Sizes, not checksums: hashing every shard of a large model would cost a full
+read per save, and DCP's own metadata rejects shards whose bytes do not parse.
 Multi-node runs need the run directory on storage every node can write.
 
 Both writers stream: DCP writes each rank's own shards with several threads
@@ -23,6 +30,7 @@ so host memory holds at most one file's worth of tensors.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -32,11 +40,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CKPT_DIR", "LATEST", "tmp_dir", "finalize", "latest_checkpoint", "driver_state", "restore_driver_rng",
-           "save_shards", "load_shards", "export_hf"]
+__all__ = ["CKPT_DIR", "LATEST", "MARKER", "tmp_dir", "finalize", "discard", "verify", "find_latest",
+           "latest_checkpoint", "driver_state", "restore_driver_rng", "save_shards", "load_shards", "export_hf"]
+
+logger = logging.getLogger(__name__)
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest_checkpointed_iteration.txt"
+MARKER = "complete.json"
 
 
 def tmp_dir(run_dir: Path, step: int) -> Path:
@@ -49,30 +60,92 @@ def tmp_dir(run_dir: Path, step: int) -> Path:
 
 
 def finalize(tmp: Path, state: dict[str, Any]) -> Path:
-    """Write the driver state, rename the tmp dir into place, then point "latest" at it."""
-    (tmp / "driver_state.json").write_text(json.dumps(state))
+    """Write the driver state and the completion marker, make it all durable, rename into place, point "latest" at it."""
+    _write_durable(tmp / "driver_state.json", json.dumps(state))
+    files = {}
+    for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        _fsync_path(f)
+        files[f.relative_to(tmp).as_posix()] = f.stat().st_size
+    _write_durable(tmp / MARKER, json.dumps({"step": state["step"], "files": files}))
+    for d in sorted((p for p in tmp.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [tmp]:
+        _fsync_path(d)  # the directory entries of the files, deepest first
     final = tmp.with_name(tmp.name[: -len(".tmp")])
-    if final.exists():
+    if final.exists():  # a rerun of a step whose old checkpoint failed verification
         shutil.rmtree(final)
     os.rename(tmp, final)
+    _fsync_path(final.parent)
     latest = final.parent / LATEST
     part = latest.with_suffix(".part")
-    part.write_text(str(state["step"]))
+    _write_durable(part, str(state["step"]))
     os.replace(part, latest)
+    _fsync_path(final.parent)
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
+def discard(tmp: Path) -> None:
+    """Remove a checkpoint that failed while being written (frees the space a full disk needs back)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def verify(path: Path) -> str | None:
+    """Why `path` is not a complete checkpoint, or None when it is (marker present, every listed file intact)."""
+    if not path.is_dir():
+        return "it does not exist"
+    try:
+        files = dict(json.loads((path / MARKER).read_text())["files"])
+    except FileNotFoundError:
+        return f"no completion marker ({MARKER}): it was never finished"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its completion marker {MARKER} is unreadable ({type(e).__name__}: {e})"
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} is {f.stat().st_size} bytes, {size} when written (truncated or overwritten)"
+    return None
+
+
+def find_latest(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest complete checkpoint (or None), and one line per newer checkpoint skipped and why."""
     root = run_dir / CKPT_DIR
+    steps = sorted((int(p.name.rsplit("_", 1)[1]), p) for p in root.glob("global_step_*")
+                   if p.is_dir() and not p.name.endswith(".tmp") and p.name.rsplit("_", 1)[1].isdigit())
+    skipped = []
     latest = root / LATEST
     if latest.is_file():
-        path = root / f"global_step_{latest.read_text().strip()}"
-        if (path / "driver_state.json").is_file():
-            return path
-    done = [p for p in root.glob("global_step_*")
-            if not p.name.endswith(".tmp") and (p / "driver_state.json").is_file()]
-    return max(done, key=lambda p: int(p.name.rsplit("_", 1)[1]), default=None)
+        named = root / f"global_step_{latest.read_text().strip()}"
+        if not named.exists():
+            skipped.append(f"{LATEST} names {named.name}, which does not exist")
+    for _, path in reversed(steps):
+        problem = verify(path)
+        if problem is None:
+            return path, skipped
+        skipped.append(f"{path.name} is not a complete checkpoint: {problem}")
+    return None, skipped
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint, or None; logs a warning for every newer one it had to skip."""
+    path, skipped = find_latest(run_dir)
+    for line in skipped:
+        logger.warning("%s", line)
+    return path
+
+
+def _write_durable(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def driver_state(step: int, data_state: dict, extra: dict | None = None) -> dict[str, Any]:
@@ -92,9 +165,8 @@ def save_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.
                 threads: int = 8) -> None:
     """Collective: every rank writes its shard of model + optimizer state (DCP), ``threads`` files at once.
 
-    Files are not fsync'ed one by one (DCP's ``sync_files``): the checkpoint only becomes "latest"
-    after its directory is renamed into place, and a machine that loses power loses the page cache
-    of the last checkpoint at worst, while fsync would make every save wait for the disk.
+    DCP does not fsync here (``sync_files``): `finalize` fsyncs every file of the checkpoint once, on
+    the driver, before the completion marker is written and the directory renamed into place.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict

@@ -188,12 +188,11 @@ class WorkerGroup:
         self.bytes_moved += sum(len(pickle.dumps(o)) for o in objs)
 
     def _get(self, refs: list, what: str) -> list:
+        """ray.get of one call per rank (refs in rank order); a failure names the rank and the call."""
         try:
             out = ray.get(refs)
-        except ray.exceptions.RayActorError as e:
-            raise WorkerFailure(f"a worker died during {what}: {e}") from e
-        except ray.exceptions.RayTaskError as e:
-            raise WorkerFailure(f"{what} raised on a worker: {e}") from e
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+            raise _failure(refs, what, e) from e
         self._count(out)
         return out
 
@@ -209,3 +208,44 @@ class WorkerGroup:
         if self.pg is not None:
             remove_placement_group(self.pg)
         self.workers = []
+
+
+def _failure(refs: list, what: str, first: Exception) -> WorkerFailure:
+    """The root cause among the ranks' answers: a dead worker before the ranks whose collectives then failed.
+
+    When one rank is killed its peers' next collective fails too (gloo sees the closed socket), and
+    whichever answer ray.get met first is not necessarily the dead one; wait briefly for all.
+    """
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10)
+    dead, raised = [], []
+    for rank, ref in enumerate(refs):
+        if ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                dead.append((rank, e))
+            except ray.exceptions.RayTaskError as e:
+                raised.append((rank, e))
+    if dead:
+        rank, e = dead[0]
+        return WorkerFailure(f"worker rank {rank} died during {what}: {_actor_death(e)}")
+    if raised:
+        rank, e = raised[0]
+        logger.error("%s raised on worker rank %d:\n%s", what, rank, e)  # the remote traceback, in full
+        return WorkerFailure(f"{what} raised on worker rank {rank}: {_last_line(e)}")
+    return WorkerFailure(f"{what} failed on a worker: {first}")
+
+
+def _last_line(e: Exception) -> str:
+    """A remote error's own last line ("OSError: [Errno 28] No space left on device"), not Ray's whole traceback."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith(" ")]
+    return next((ln for ln in reversed(lines) if ": " in ln), lines[-1] if lines else repr(e))
+
+
+def _actor_death(e: Exception) -> str:
+    """Ray's multi-line death notice cut to what identifies it: the process and how it exited."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    keep = [ln for ln in lines if ln.startswith(("pid:", "ip:"))]
+    exit_line = next((ln for ln in lines if "exit type" in ln.lower() or "exit detail" in ln.lower()), "")
+    detail = exit_line.split(" Some common causes")[0].split(" There are some potential root causes")[0]
+    return "; ".join([lines[0] if lines else type(e).__name__] + keep + ([detail] if detail else []))

@@ -10,13 +10,18 @@ and gets back per-trajectory summaries and metrics (`perf/driver_bytes` per step
 Infrastructure failures never become reward: workers keep them out of the loss, the
 metrics count them per cause, and a step whose share of them exceeds
 trainer.max_infra_failure_fraction stops the run naming the cause and an example.
-A worker that dies or a step that raises stops the run with `TrainingError`
-naming the step and the last complete checkpoint; rerunning the same command
-resumes from it (trainer.resume_mode=auto).
+A worker that dies, a step that raises or a checkpoint that cannot be written
+(full disk) stops the run with `TrainingError` naming the step, the cause and the
+last complete checkpoint; rerunning the same command resumes from the newest
+checkpoint that verifies (checkpoint.find_latest: a truncated one is skipped, with a
+warning saying why) and recomputes the steps after it exactly (seeded per step).
+Each checkpoint also holds its step's metrics line, so a driver killed between
+writing a checkpoint and logging the step loses no line of metrics.jsonl.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import sys
@@ -73,18 +78,21 @@ def train(cfg: RunConfig) -> TrainResult:
     group, tracker, step, last_ckpt = None, None, 0, None
     result = TrainResult(run_dir=run_dir, steps=total)
     try:
+        last_ckpt = _resume_point(cfg)
         group = WorkerGroup.create(cfg)
         result.workers = group.info
-        last_ckpt = _resume_point(cfg)
         in_flight: list[dict] = []
+        saved_metrics = None
         if last_ckpt is not None:
             state = _resume(group, dataset, last_ckpt)
             step = result.resumed_from = state["step"]
             result.val_before = state.get("val_before", {})
             kl_ctrl.load_state_dict(state.get("kl_ctrl", kl_ctrl.state_dict()))
             in_flight = state.get("in_flight", [])
+            saved_metrics = state.get("metrics")
         tracker = Tracker(run_dir, t.logger, append=step > 0)
         tracker.truncate_after(step)
+        _restore_metrics_line(tracker, step, saved_metrics)
         _truncate_trajectory_logs(run_dir, step)
         if step == 0 and t.val_before_train and val_samples:
             result.val_before = _validate(group, val_samples, cfg, 0)
@@ -126,7 +134,8 @@ def train(cfg: RunConfig) -> TrainResult:
             if (t.save_freq > 0 and step % t.save_freq == 0) or step == total:
                 with timer("checkpoint", m):
                     last_ckpt = _save(group, run_dir, step, dataset, {"val_before": result.val_before,
-                                      "kl_ctrl": kl_ctrl.state_dict(), "in_flight": feeder.in_flight()})
+                                      "kl_ctrl": kl_ctrl.state_dict(), "in_flight": feeder.in_flight(),
+                                      "metrics": {k: v for k, v in m.items() if isinstance(v, (int, float))}})
             if t.test_freq > 0 and step % t.test_freq == 0 and step != total and val_samples:
                 m.update(_validate(group, val_samples, cfg, step))
             tracker.log(step, m, write=bar.write)
@@ -135,7 +144,7 @@ def train(cfg: RunConfig) -> TrainResult:
             result.val_after = _validate(group, val_samples, cfg, total)
             tracker.log(total, result.val_after, write=print)
         result.export_dir = Path(group.export_hf(str(run_dir / "hf_model")))
-    except Exception as e:  # WorkerFailure (dead worker / raising step), too many infra failures, driver errors
+    except Exception as e:  # WorkerFailure (dead worker / raising step), too many infra failures, disk full, ...
         where = f"last complete checkpoint: {last_ckpt}" if last_ckpt else "no checkpoint was written yet"
         if group is not None:
             group.shutdown(graceful=False)
@@ -276,19 +285,32 @@ def _truncate_trajectory_logs(run_dir: Path, step: int) -> None:
 
 
 def _resume_point(cfg: RunConfig) -> Path | None:
+    """The checkpoint to resume from: trainer.resume_from_path (verified), or the newest complete one (auto)."""
     t = cfg.trainer
     if t.resume_mode == "disable":
         return None
     if t.resume_mode == "resume_path":
-        if not t.resume_from_path or not (Path(t.resume_from_path) / "driver_state.json").is_file():
-            raise TrainingError(f"trainer.resume_from_path={t.resume_from_path!r} is not a complete checkpoint")
+        problem = ckpt.verify(Path(t.resume_from_path)) if t.resume_from_path else "it is not set"
+        if problem:
+            raise TrainingError(f"trainer.resume_from_path={t.resume_from_path!r} is not a complete checkpoint: "
+                                f"{problem}")
         return Path(t.resume_from_path)
-    return ckpt.latest_checkpoint(cfg.run_dir)
+    path, skipped = ckpt.find_latest(cfg.run_dir)
+    instead = f"resuming from {path} instead" if path else "no complete checkpoint is left: starting from step 0"
+    for line in skipped:
+        logger.warning("%s; %s", line, instead)
+    return path
+
+
+def _restore_metrics_line(tracker: Tracker, step: int, saved: dict[str, float] | None) -> None:
+    """Write the resumed step's metrics line from its checkpoint when the driver died before logging it."""
+    if not saved or not tracker.path.exists():
+        return
+    if not any(json.loads(line).get("step") == step for line in tracker.path.read_text().splitlines() if line):
+        tracker.log(step, saved, write=logger.info)
 
 
 def _resume(group: WorkerGroup, dataset, path: Path) -> dict:
-    import json
-
     state = json.loads((path / "driver_state.json").read_text())
     group.load_checkpoint(str(path))
     dataset.load_state_dict(state["data"])
@@ -297,10 +319,19 @@ def _resume(group: WorkerGroup, dataset, path: Path) -> dict:
     return state
 
 
+class CheckpointWriteError(RuntimeError):
+    """Writing a checkpoint failed (a worker died, a full disk, ...); the partial one was removed."""
+
+
 def _save(group: WorkerGroup, run_dir: Path, step: int, dataset, extra: dict) -> Path:
     tmp = ckpt.tmp_dir(run_dir, step)
-    group.save_checkpoint(str(tmp))
-    return ckpt.finalize(tmp, ckpt.driver_state(step, dataset.state_dict(), extra))
+    try:
+        group.save_checkpoint(str(tmp))
+        return ckpt.finalize(tmp, ckpt.driver_state(step, dataset.state_dict(), extra))
+    except Exception as e:
+        ckpt.discard(tmp)
+        raise CheckpointWriteError(f"writing checkpoint {tmp.name[: -len('.tmp')]} failed (the partial one was "
+                                   f"removed): {e}") from e
 
 
 def _print_summary(result: TrainResult, tracker: Tracker | None) -> None:
