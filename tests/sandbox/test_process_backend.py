@@ -117,3 +117,25 @@ def test_a_backend_removes_only_its_own_cgroups():
         assert not Path(CGROUP_ROOT / "memory" / "verl-sandbox" / b.instance_id).exists()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--min-pool-size", "5", "--max-pool-size", "2"], "min_pool_size=5, max_pool_size=2"),
+    (["--pool-idle-timeout", "0"], "pool_idle_timeout must be > 0"),
+    (["--instance-id", "../x"], "instance_id must be letters, digits and '-'"),
+])
+def test_serve_refuses_bad_settings_with_a_clear_message(flags, message):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "verl_agent.sandbox.cli", "serve", "--backend", "process", "--port",
+                           "9", *flags], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_instance_id_reaches_the_backend():
+    from verl_agent.sandbox.cli import make_backend
+
+    backend = make_backend("process", memory_mb=256, instance_id="run-42")
+    assert backend.instance_id == "run-42"
+    asyncio.run(backend.close())

@@ -47,7 +47,11 @@ def serve(backend: str = "auto", host: str = "127.0.0.1", port: int = 8080, imag
     from verl_agent.sandbox.service import SandboxService
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    service = SandboxService(make_backend(backend, image, instance_id=instance_id), ServiceSettings(**settings))
+    try:
+        sandbox_backend = make_backend(backend, image, instance_id=instance_id)
+    except (ValueError, RuntimeError) as e:  # a bad id, no docker/bwrap, a guarantee that does not hold
+        raise SystemExit(f"verl-agent sandbox serve: {e}") from e
+    service = SandboxService(sandbox_backend, ServiceSettings(**settings))
     uvicorn.run(create_app(service), host=host, port=port, log_level=log_level)
 
 

@@ -18,6 +18,7 @@ groups, so a restarted server given the same ``instance_id`` cleans up after its
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -189,8 +190,16 @@ class ProcessBackend(SandboxBackend):
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-            for group in groups:
-                _remove_cgroup(group)
+            # the sandbox's own processes die with bwrap (--die-with-parent) a moment later; a group
+            # can be removed only once they are gone, so kill what is left and retry for a while
+            deadline = time.monotonic() + 3.0
+            while True:
+                left = [g for g in groups if not _remove_cgroup(g)]
+                if not left or time.monotonic() > deadline:
+                    break
+                for group in left:
+                    _kill_all(group)
+                await asyncio.sleep(0.02)
 
         return Worker(name, proc, destroy)
 
@@ -221,31 +230,36 @@ class ProcessBackend(SandboxBackend):
                 continue
             for group in [p for p in root.iterdir() if p.is_dir()]:
                 deadline = time.monotonic() + 5.0
-                while time.monotonic() < deadline:  # kill until empty: a group with tasks cannot be removed
-                    try:
-                        pids = (group / "cgroup.procs").read_text().split()
-                    except OSError:
-                        break
-                    if not pids:
-                        break
-                    for pid in pids:
-                        try:
-                            os.kill(int(pid), signal.SIGKILL)
-                        except (OSError, ValueError):
-                            pass
+                # kill until it can be removed: a group is busy until its last task is reaped, too
+                while not _remove_cgroup(group) and time.monotonic() < deadline:
+                    _kill_all(group)
                     time.sleep(0.02)
-                removed += _remove_cgroup(group)
+                removed += not group.exists()
             _remove_cgroup(root)
         return removed
 
     async def close(self) -> None:
-        for ctrl in ("memory", "pids", "cpu"):
-            _remove_cgroup(CGROUP_ROOT / ctrl / "verl-sandbox" / self.instance_id)  # empty by now (or swept later)
+        if self._cgroups:
+            await asyncio.to_thread(self.remove_stale)  # what is left of ours, and the instance's directory
+
+
+def _kill_all(group: Path) -> None:
+    try:
+        pids = (group / "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
 
 def _remove_cgroup(group: Path) -> bool:
     try:
         group.rmdir()
+        return True
+    except FileNotFoundError:
         return True
     except OSError as e:  # a group still holding a dying process; the next cleanup sweep retries
         logger.debug("cgroup %s not removed yet: %s", group, e)
