@@ -103,8 +103,7 @@ class ProcessBackend(SandboxBackend):
                 if proc.stdin:
                     proc.stdin.close()
                 proc.wait()
-            for group in groups:
-                _remove_cgroup(group)
+            _remove_groups(groups)
         judge("process", found, self.claimed())
         logger.info("process backend %s: claimed guarantees probed and hold: %s", self.instance_id,
                     sorted(self.claimed()))
@@ -228,19 +227,28 @@ class ProcessBackend(SandboxBackend):
             root = CGROUP_ROOT / ctrl / "verl-sandbox" / self.instance_id
             if not root.is_dir():
                 continue
-            for group in [p for p in root.iterdir() if p.is_dir()]:
-                deadline = time.monotonic() + 5.0
-                # kill until it can be removed: a group is busy until its last task is reaped, too
-                while not _remove_cgroup(group) and time.monotonic() < deadline:
-                    _kill_all(group)
-                    time.sleep(0.02)
-                removed += not group.exists()
+            groups = [p for p in root.iterdir() if p.is_dir()]
+            _remove_groups(groups, timeout=5.0)
+            removed += sum(not g.exists() for g in groups)
             _remove_cgroup(root)
         return removed
 
     async def close(self) -> None:
         if self._cgroups:
             await asyncio.to_thread(self.remove_stale)  # what is left of ours, and the instance's directory
+
+
+def _remove_groups(groups: list[Path], timeout: float = 3.0) -> None:
+    """Kill what is left in ``groups`` until they can be removed (a group stays busy until its last
+    task is reaped; bwrap's children die a moment after bwrap with --die-with-parent)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [g for g in groups if not _remove_cgroup(g)]
+        if not left or time.monotonic() > deadline:
+            return
+        for group in left:
+            _kill_all(group)
+        time.sleep(0.02)
 
 
 def _kill_all(group: Path) -> None:
