@@ -34,10 +34,14 @@ def _split_config_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from verl_agent.config import load_config
-    from verl_agent.trainer.loop import train
+    from verl_agent.trainer.loop import TrainingError, train
 
     path, overrides = _split_config_arg(args)
-    train(load_config(path, overrides))
+    try:
+        train(load_config(path, overrides))
+    except TrainingError as e:  # the message names the step, the cause and the checkpoint to resume from
+        print(f"verl-agent: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
