@@ -124,7 +124,7 @@ async def _run(kind: str, agents: int, turns: int) -> tuple[float, float, int]:
 
     from verl_agent.rollout.engine import SamplingParams
 
-    _tok, engine, server = _setup(turns)
+    _tok, _engine, server = _setup(turns)
     await server.start()
     recs = [server.open_session(SamplingParams(), uid=str(i)) for i in range(agents)]
     user = [{"role": "user", "content": "What is 12 * 37?"}]

@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from rollout_helpers import assert_mask, assert_token_exact, call_text, sample, scripted_engine
+from rollout_helpers import assert_mask, call_text, sample, scripted_engine
 from transformers import AutoTokenizer
 
 from verl_agent.config import RolloutConfig

@@ -121,7 +121,7 @@ async def test_tiny_model_streams_what_it_records(tok, tiny_model_path):
     seen: list[int] = []
     out = await engine.generate([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=12), on_token=lambda t, _: seen.append(t))
     assert seen == out.token_ids and len(seen) >= 2
-    stream = await client.chat.completions.create(model="policy", messages=USER, stream=True, max_tokens=40)
+    stream = await client.chat.completions.create(model="policy", messages=USER, stream=True, max_tokens=16)
     chunks = [c async for c in stream]
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     traj = rec.segments[0].traj

@@ -25,7 +25,7 @@ import itertools
 import json
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 # module level: FastAPI resolves the handlers' string annotations (Request) in this module's globals
@@ -225,24 +225,14 @@ class OpenAIServer:
         parser = getattr(self.parser, "name", "?") if req.tools and req.tool_choice != "none" else None
         text = StreamText(self.tokenizer, parser, req.stop, hold_all=bool(self._forced_ids(req.tool_choice))
                           and parser is not None)  # fmt: skip
-        body, done = [role_chunk(head)], item is None
-        while not done:
-            ids = [item]
-            while not queue.empty():  # everything that has arrived goes into one delta
-                nxt = queue.get_nowait()
-                if nxt is None:
-                    done = True
-                    break
-                ids.append(nxt)
+        body = [role_chunk(head)]
+        async for ids in _arrivals(queue, item):
             delta = text.push(ids)
             if delta:
                 body.append(content_chunk(head, delta))
             if body:
                 await send({"type": "http.response.body", "body": b"".join(body), "more_body": True})
                 body = []
-            if not done:
-                item = await queue.get()
-                done = item is None
         try:
             _req, reply = task.result()
         except RequestError as e:  # the engine failed mid-stream: OpenAI sends an error event
@@ -273,6 +263,23 @@ class OpenAIServer:
 
 _CHAT = "/chat/completions"
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+async def _arrivals(queue: asyncio.Queue, item: int | None) -> AsyncIterator[list[int]]:
+    """The token ids put on `queue` (starting with `item`) until None, in batches of all that had arrived."""
+    done = item is None
+    while not done:
+        ids = [item]
+        while not queue.empty():
+            nxt = queue.get_nowait()
+            if nxt is None:
+                done = True
+                break
+            ids.append(nxt)
+        yield ids
+        if not done:
+            item = await queue.get()
+            done = item is None
 
 
 def _bearer(scope: dict) -> str:
