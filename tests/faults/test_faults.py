@@ -30,7 +30,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -389,6 +388,8 @@ def test_faults_inside_trajectories_are_counted_and_kept_out_of_the_loss(cluster
         for cause, n in causes.items():
             assert m[f"rollout/infra_failed/{cause}"] == n, cause
         assert all(r["reward"] == 0.0 and r["error"] for r in failed)  # never turned into reward
+        waited = [r["turns"][-1]["tool_seconds"] for r in failed if r["cause"] == "tool_timeout"]
+        assert all(1.0 <= w < 3.0 for w in waited), waited  # tool_timeout=1 held under load (2 s of slack)
         assert m["train/excluded_trajectories"] == len(failed)  # ... and kept out of the loss
         assert 0 < m["train/sequences"] <= 64 - len(failed) and math.isfinite(m["actor/pg_loss"])
     assert set(causes_seen) <= {"tool_timeout", "sandbox_unavailable", "reward_error", "engine_error"}, causes_seen
@@ -399,7 +400,7 @@ def test_faults_inside_trajectories_are_counted_and_kept_out_of_the_loss(cluster
     hung = [e["call"] for e in events if e["event"] == "hang"]
     calls = len(hung) + count("call")
     assert hung and sorted(hung) == sorted(e["call"] for e in events if e["event"] == "cancelled")  # none leaked
-    assert 0.2 <= len(hung) / calls <= 0.4, (len(hung), calls)  # 3 in 10 per worker
+    assert 0.2 <= len(hung) / calls <= 0.5, (len(hung), calls)  # calls 1, 4, 7 of every 10 on each worker
     assert max(e["max_in_flight"] for e in events) >= 4  # the hung calls did not serialize the others
     assert any(e["event"] == "ok" and e["t"] > restarted["at"] for e in events)  # the tool works again
     report("tool hangs past tool_timeout on 30 % of calls (64 concurrent)",
@@ -413,10 +414,3 @@ def test_faults_inside_trajectories_are_counted_and_kept_out_of_the_loss(cluster
            None)
     report("(trajectory-fault run: 2 steps x 64 trajectories)", f"{seconds:.0f} s wall", "", None, None)
 
-
-def test_cleanup_leaves_no_partial_checkpoint_dirs(chain):
-    """Nothing under the chain's run directory is left half-written (after all the above)."""
-    if not chain.run.exists():
-        pytest.skip("the chain did not run")
-    assert not list((chain.run / ckpt.CKPT_DIR).glob("*.tmp"))
-    shutil.rmtree(chain.run, ignore_errors=True)
