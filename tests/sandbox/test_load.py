@@ -60,6 +60,10 @@ def test_pool_grows_on_demand_to_max_and_shrinks_back_to_min(elastic_server, run
 def test_a_timed_out_sandbox_is_reused_when_clean(elastic_server, run):
     server = elastic_server
     server.wait_idle()
+    deadline = time.monotonic() + 10
+    while pool_stats(server)["total"] > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)  # one sandbox: the next run lands where the spin ran
+    assert pool_stats(server)["total"] == 1
     recycled = pool_stats(server)["recycled"]
     out = run(server, "while True: pass", run_timeout=0.5)
     assert out["run_result"]["status"] == "TimeLimitExceeded"

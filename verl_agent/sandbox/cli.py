@@ -126,7 +126,8 @@ def add_cli(subparsers) -> None:
                    help=f"the pool grows on demand up to this many sandboxes (default max({d.max_pool_size}, "
                         "--min-pool-size))")
     s.add_argument("--pool-idle-timeout", type=float, default=d.pool_idle_timeout,
-                   help="seconds a sandbox above the warm minimum may sit idle before it is destroyed")
+                   help="the pool shrinks to the peak demand of the last this-many seconds (not below "
+                        "--min-pool-size)")
     s.add_argument("--max-queue", type=int, default=d.max_queue,
                    help="requests allowed to wait for a sandbox; more are answered 503 + Retry-After")
     s.add_argument("--queue-timeout", type=float, default=d.queue_timeout,

@@ -1,8 +1,8 @@
 """The sandbox service: turns API requests into agent jobs on pooled workers, and back.
 
 Pool: ``min_pool_size`` warm sandboxes always; when every one is busy the pool starts more, one per
-waiting request, up to ``max_pool_size``, and destroys those idle for ``pool_idle_timeout`` seconds
-down to the minimum again. Concurrent runs share the CPU (each sandbox has a CPU quota of its own,
+waiting request, up to ``max_pool_size``, and destroys those beyond the peak demand of the last
+``pool_idle_timeout`` seconds, down to the minimum again. Concurrent runs share the CPU (each sandbox has a CPU quota of its own,
 no pinning), so a burst of runs time out on their own wall-clock deadlines instead of queueing.
 
 Admission: at most ``max_queue`` requests wait for a worker; beyond that, or after ``queue_timeout``
@@ -48,7 +48,7 @@ class ServiceSettings:
 
     min_pool_size: int = 4  # warm sandboxes kept ready at all times (0: start each one on demand)
     max_pool_size: int = 32  # the pool grows on demand up to this many sandboxes running at once
-    pool_idle_timeout: float = 60.0  # a sandbox idle this long is destroyed while above min_pool_size
+    pool_idle_timeout: float = 60.0  # shrink to the peak demand of the last this-many seconds (>= min_pool_size)
     max_queue: int = 64
     queue_timeout: float = 30.0
     max_output_bytes: int = 1 << 20  # per stream; the rest is drained and replaced by a marker

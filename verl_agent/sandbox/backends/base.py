@@ -130,12 +130,14 @@ class SandboxBackend:
 class WorkerPool:
     """An elastic pool: ``min_size`` warm workers always, grown on demand up to ``max_size``.
 
-    ``acquire`` takes an idle worker (the most recently used, so the longest-idle ones age out) or,
-    when none is idle, waits in FIFO order for the first worker that frees up or is started for it:
-    each waiter beyond the workers already starting starts one more sandbox while the pool is below
-    ``max_size``. Workers idle for ``idle_timeout`` seconds are destroyed while the pool is above
-    ``min_size``. A destroyed worker (dirty, broken, worn out) is replaced only to keep ``min_size``
-    or to serve a waiter, so a burst grows the pool and a quiet period shrinks it back.
+    ``acquire`` takes the idle worker that has rested longest (round robin: a sandbox just used still
+    has the kernel's clean-up of its last run to do, and a fresh one answers a few ms sooner) or, when
+    none is idle, waits in FIFO order for the first worker that frees up or is started for it: each
+    waiter beyond the workers already starting starts one more sandbox while the pool is below
+    ``max_size``. The pool shrinks to the demand it saw: every ``idle_timeout`` seconds' peak of
+    busy + waiting requests (never below ``min_size``); the workers beyond it are destroyed. A
+    destroyed worker (dirty, broken, worn out) is replaced only to keep ``min_size`` or to serve a
+    waiter, so a burst grows the pool and a quiet period shrinks it back.
     """
 
     def __init__(self, backend: SandboxBackend, min_size: int, max_size: int | None = None,
@@ -156,6 +158,9 @@ class WorkerPool:
         self._closed = False
         self.recycled = self.spawned = self.shrunk = 0
         self.peak = 0
+        self._tick = min(max(idle_timeout / 4, 0.05), 5.0)
+        self._demand = 0  # peak busy + waiting since the last shrink tick
+        self._window: deque[int] = deque(maxlen=max(1, round(idle_timeout / self._tick)))
 
     async def start(self) -> None:
         self._starting += self.min_size
@@ -186,7 +191,11 @@ class WorkerPool:
         if not self._idle:
             return None
         self._busy += 1
-        return self._idle.pop()[0]
+        self._note_demand()
+        return self._idle.popleft()[0]
+
+    def _note_demand(self) -> None:
+        self._demand = max(self._demand, self._busy + self.waiting())
 
     async def acquire(self, timeout: float | None = None) -> Worker:
         """The next free worker (growing the pool if allowed); ``asyncio.TimeoutError`` after ``timeout`` s."""
@@ -197,6 +206,7 @@ class WorkerPool:
             raise WorkerError("the sandbox pool is shut down")
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
+        self._note_demand()
         self._grow()
         try:
             await asyncio.wait({fut}, timeout=timeout)
@@ -311,14 +321,17 @@ class WorkerPool:
 
     async def _shrink_loop(self) -> None:
         while not self._closed:
-            await asyncio.sleep(min(max(self.idle_timeout / 4, 0.05), 5.0))
+            await asyncio.sleep(self._tick)
             self.shrink()
 
     def shrink(self) -> int:
-        """Destroy workers idle for ``idle_timeout`` seconds while the pool is above ``min_size``."""
-        now, removed = time.monotonic(), 0
-        while self._idle and self.total() > self.min_size and now - self._idle[0][1] >= self.idle_timeout:
-            worker, _ = self._idle.popleft()  # the longest idle
+        """Destroy idle workers beyond the last ``idle_timeout`` seconds' peak demand (not below ``min_size``)."""
+        self._window.append(self._demand)
+        self._demand = self._busy + self.waiting()
+        keep = max(self.min_size, max(self._window))
+        removed = 0
+        while self._idle and self.total() > keep:
+            worker, _ = self._idle.pop()  # the most recently used: the others stay in rotation
             self._background(worker.destroy())
             removed += 1
         self.shrunk += removed
