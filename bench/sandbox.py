@@ -89,8 +89,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 def summary(lat: list[float], scale: float = 1000.0, nd: int = 1) -> dict:
-    return {"p50": round(statistics.median(lat) * scale, nd) if lat else None,
-            "p99": round(pct(lat, 0.99) * scale, nd) if lat else None, "max": round(max(lat) * scale, nd) if lat else None}
+    if not lat:
+        return {"p50": None, "p99": None, "max": None}
+    return {"p50": round(statistics.median(lat) * scale, nd), "p99": round(pct(lat, 0.99) * scale, nd),
+            "max": round(max(lat) * scale, nd)}
 
 
 async def measure(url: str, code: str, concurrency: int, total: int, warm: int = 4) -> dict:
@@ -165,8 +167,8 @@ def section_targets(backend: str, min_pool: int = 4) -> dict:
     for name, r in (("cold", cold), ("warm", warm)):
         print(f"{'32 x spin, run_timeout 2, ' + name + ': p50 / p99 s':44} "
               f"{str(r['e2e_s']['p50']) + ' / ' + str(r['e2e_s']['p99']):>16} {'2.5 / 4':>10}")
-        print(f"{'   of which queue_time p50 / p99 s':44} {str(r['queue_s']['p50']) + ' / ' + str(r['queue_s']['p99']):>16}")
-        print(f"{'   execution_time p50 / p99 s':44} {str(r['exec_s']['p50']) + ' / ' + str(r['exec_s']['p99']):>16}")
+        for label, key in (("   of which queue_time", "queue_s"), ("   execution_time", "exec_s")):
+            print(f"{label + ' p50 / p99 s':44} {str(r[key]['p50']) + ' / ' + str(r[key]['p99']):>16}")
     print(f"{'hello-world p50 at concurrency 1 (ms)':44} {hello1['p50_ms']:>16} {'<= 30':>10}")
     print(f"{'hello-world runs/s at concurrency 8':44} {hello8['runs_per_s']:>16} {'>= 60':>10}")
     return res
@@ -288,7 +290,8 @@ async def _kill(url: str, others: int, kills: int, baseline_s: float) -> dict:
         done.set()
         await asyncio.gather(*loops)
     clean = sum(s == "SandboxError" and "crashed" in m and "replaced" in m for s, m, _ in outcomes)
-    return {"kills": kills, "clean_errors": clean, "outcomes_other": [o[:2] for o in outcomes if o[0] != "SandboxError"][:5],
+    unclean = [o[:2] for o in outcomes if o[0] != "SandboxError"][:5]
+    return {"kills": kills, "clean_errors": clean, "outcomes_other": unclean,
             "kill_cycle_s": summary([o[2] for o in outcomes], 1, 3), "kill_phase_s": round(kill_wall, 1),
             "others": others, "baseline_ms": summary(lat["baseline"]), "during_kills_ms": summary(lat["kills"]),
             "n_baseline": len(lat["baseline"]), "n_during": len(lat["kills"]), "failures_others": failures}

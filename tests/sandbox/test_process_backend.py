@@ -77,7 +77,8 @@ def test_claimed_guarantees_are_measured():
     assert set(found) == set(GUARANTEES)
     assert all(found[k][0] for k in backend.claimed()), found
     if backend._cgroups:  # root with cgroup v1 here: limits read from the kernel, from outside the sandbox
-        assert found["memory_limit"][1].endswith(f"limit {256 << 20}") and found["pids_limit"][1].endswith("pids.max 32")
+        assert found["memory_limit"][1].endswith(f"limit {256 << 20}")
+        assert found["pids_limit"][1].endswith("pids.max 32")
         assert backend.guarantees() == dict.fromkeys(GUARANTEES, True)
     asyncio.run(backend.close())
 

@@ -36,9 +36,10 @@ Protected (one adversarial test per line in tests/sandbox/test_security.py, on b
 - the server: bounded queue (503 + Retry-After when full; the client retries), request body limit, a
   crashed sandbox (even one whose PID 1 was killed) is replaced and its request answered
   ``SandboxError``. The pool is elastic (``min_pool_size`` warm, grown on demand to
-  ``max_pool_size``, shrunk to the demand of the last ``pool_idle_timeout`` seconds); running sandboxes share the CPU under
-  per-sandbox quotas (no pinning), so concurrent runs time out on their own wall-clock deadline, and
-  each response reports ``queue_time`` apart from ``execution_time``. See docs/sandbox.md.
+  ``max_pool_size``, shrunk to the demand of the last ``pool_idle_timeout`` seconds); running
+  sandboxes share the CPU under per-sandbox quotas (no pinning), so concurrent runs time out on
+  their own wall-clock deadline, and each response reports ``queue_time`` apart from
+  ``execution_time``. See docs/sandbox.md.
 
 Not protected: kernel exploits (containers and namespaces share the host kernel; use gVisor/VMs for
 that), covert timing channels between concurrent runs, CPU time stolen from neighbours within the

@@ -2,8 +2,9 @@
 
 Extensions: every run response has ``queue_time`` (seconds the request waited for a free sandbox,
 apart from the run's ``execution_time``; Sandbox Fusion clients ignore the extra field), and
-sessions (see ``verl_agent.sandbox``): ``POST /open_session`` issues a ``session_id``; ``/run_code`` calls that carry it run in one live Python interpreter until
-``POST /close_session`` or the idle timeout. An id the server did not issue is refused.
+sessions (see ``verl_agent.sandbox``): ``POST /open_session`` issues a ``session_id``; ``/run_code``
+calls that carry it run in one live Python interpreter until ``POST /close_session`` or the idle
+timeout. An id the server did not issue is refused.
 Unknown fields are ignored, as Sandbox Fusion does; a missing or mistyped field is a 422 naming it.
 """
 
@@ -14,7 +15,8 @@ from enum import Enum
 from pydantic import BaseModel, Field
 
 __all__ = [
-    "CellRunResult", "CloseSessionRequest", "OpenSessionResponse", "CommandRunResult", "CommandRunStatus", "RunCodeRequest",
+    "CellRunResult", "CloseSessionRequest", "OpenSessionResponse", "CommandRunResult", "CommandRunStatus",
+    "RunCodeRequest",
     "RunCodeResponse", "RunJupyterRequest", "RunJupyterResponse", "RunStatus",
 ]
 

@@ -1,12 +1,13 @@
 """Async client for any Sandbox Fusion compatible server (ours or a real Sandbox Fusion deployment).
 
-Retries (jittered exponential backoff) only what a retry can fix: connection errors and HTTP 5xx,
-up to ``max_retries`` times; a 503 overload answer (the server's queue is full) is retried for up to
+Retries (jittered exponential backoff) only what a retry can fix: connection errors and HTTP 5xx, up
+to ``max_retries`` times; a 503 overload answer (the server's queue is full) is retried for up to
 ``overload_retry_s`` seconds, waiting at least its ``Retry-After``, since overload clears as runs
 finish. A program's own failure (``Failed``) and a malformed request (422) come back at once.
-``retried`` counts the retries by cause (``overloaded``, ``http_5xx``, ``transport``). A retry carries
-``X-Sandbox-Retry``, which lets our server admit it to a reserve of waiting slots that first
-attempts cannot take, so a client that got a 503 is not starved by clients that never did. ``max_concurrency`` caps requests in flight from this client; ``transport`` is injectable
+``retried`` counts the retries by cause (``overloaded``, ``http_5xx``, ``transport``). A retry
+carries ``X-Sandbox-Retry``, which lets our server admit it to a reserve of waiting slots that first
+attempts cannot take, so a client that got a 503 is not starved by clients that never did.
+``max_concurrency`` caps requests in flight from this client; ``transport`` is injectable
 (httpx.MockTransport, ASGITransport) for tests.
 """
 
@@ -125,5 +126,5 @@ class SandboxClient:
                 headers = {"X-Sandbox-Retry": "1"}  # admitted to the server's reserve queue
                 logger.debug("sandbox %s failed (%s); retry in %.2fs", path, reason, delay)
                 await asyncio.sleep(delay)
-        raise SandboxUnavailable(f"sandbox at {self.url}{path}: {reason} (after {tries} attempts"
-                                 f"{' and ' + format(lim.overload_retry_s, '.0f') + ' s of overload' if overload_until else ''})")
+        spent = f" and {lim.overload_retry_s:.0f} s of overload" if overload_until else ""
+        raise SandboxUnavailable(f"sandbox at {self.url}{path}: {reason} (after {tries} attempts{spent})")

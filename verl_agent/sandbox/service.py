@@ -2,8 +2,9 @@
 
 Pool: ``min_pool_size`` warm sandboxes always; when every one is busy the pool starts more, one per
 waiting request, up to ``max_pool_size``, and destroys those beyond the peak demand of the last
-``pool_idle_timeout`` seconds, down to the minimum again. Concurrent runs share the CPU (each sandbox has a CPU quota of its own,
-no pinning), so a burst of runs time out on their own wall-clock deadlines instead of queueing.
+``pool_idle_timeout`` seconds, down to the minimum again. Concurrent runs share the CPU (each
+sandbox has a CPU quota of its own, no pinning), so a burst of runs time out on their own wall-clock
+deadlines instead of queueing.
 
 Admission: at most ``max_queue`` requests wait for a worker; beyond that, or after ``queue_timeout``
 seconds of waiting, a request fails fast with ``Overloaded`` (HTTP 503 + Retry-After; clients
@@ -134,7 +135,8 @@ class SandboxService:
     async def _session_worker(self) -> Worker:
         return (await self._acquire())[0]
 
-    async def _call(self, job: dict, deadline: float, retried: bool = False) -> tuple[dict | None, str, str | None, float]:
+    async def _call(self, job: dict, deadline: float,
+                    retried: bool = False) -> tuple[dict | None, str, str | None, float]:
         """Run ``job`` on a pooled worker: (reply, error message, worker name, queue wait in seconds)."""
         worker, waited = await self._acquire(retried)
         try:

@@ -130,9 +130,11 @@ class ProcessBackend(SandboxBackend):
         rel = [g.relative_to(CGROUP_ROOT).parts for g in groups]  # (controller, "verl-sandbox", instance, name)
         mine = {parts[0]: "/" + "/".join(parts[1:]) for parts in rel}
         inside = {c: member.get(c) == mine.get(c) for c in ("memory", "pids", "cpu")}
-        mem, pids, cpu = limit("memory", "memory.limit_in_bytes"), limit("pids", "pids.max"), limit("cpu", "cpu.cfs_quota_us")
+        mem, pids = limit("memory", "memory.limit_in_bytes"), limit("pids", "pids.max")
+        cpu = limit("cpu", "cpu.cfs_quota_us")
+        mem_ok = mem is not None and mem.isdigit() and int(mem) <= self.memory_mb << 20
         return {
-            "memory_limit": (inside["memory"] and mem is not None and mem.isdigit() and int(mem) <= self.memory_mb << 20,
+            "memory_limit": (inside["memory"] and mem_ok,
                              f"memory cgroup {member.get('memory')} limit {mem}"),
             "pids_limit": (inside["pids"] and pids is not None and pids.isdigit() and int(pids) <= self.pids,
                            f"pids cgroup {member.get('pids')} pids.max {pids}"),
