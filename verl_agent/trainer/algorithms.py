@@ -7,7 +7,8 @@ mask-1 tokens contribute to losses, metrics and gradients.
 
 - advantages (``advantages.py``): ``compute_advantages(name, ...)`` over the
   ``ADV_ESTIMATORS`` registry: grpo (Dr. GRPO via norm_adv_by_std_in_grpo=False),
-  rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, gae.
+  rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, gae, and the turn-level
+  grpo_turn, gigpo and gae over turns (``turn_advantages.py``).
 - losses (``losses.py``): ``POLICY_LOSSES`` (vanilla PPO clip-higher + dual
   clip, gspo), ``agg_loss``, ``kl_penalty``, ``entropy_from_logits``, ``value_loss``.
 - ``actor_loss`` below: policy loss + entropy bonus + KL-to-reference loss, the

@@ -1,0 +1,143 @@
+"""Train higher/lower with each estimator and seed, one run after another, then draw the plot.
+
+    python examples/turn_credit/run_all.py                   # 3 estimators x 3 seeds, then turn_credit.png
+    python examples/turn_credit/run_all.py --plot-only       # redraw from results.json
+
+Each run is `verl-agent train examples/turn_credit/config.yaml` with the warm-started model
+(warm_start.py), `algorithm.adv_estimator=E` and `trainer.seed=S data.seed=S`; the held-out success
+rate (val/success_rate, every trainer.test_freq steps) of every run goes to results.json, and the plot
+shows the mean over seeds with the min-max spread against the training trajectories seen.
+Runs are sequential (one Ray instance, one CPU worker) to leave the machine's other cores alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+ESTIMATORS = ("grpo", "grpo_turn", "gigpo")
+COLORS = {"grpo": "tab:gray", "grpo_turn": "tab:blue", "gigpo": "tab:orange", "gae_turn": "tab:green"}
+# name in the plot -> overrides (gae over turns needs the critic: adv_estimator=gae + gae_timestep_unit=turn)
+VARIANTS = {"grpo": ["algorithm.adv_estimator=grpo"], "grpo_turn": ["algorithm.adv_estimator=grpo_turn"],
+            "gigpo": ["algorithm.adv_estimator=gigpo"],
+            "gae_turn": ["algorithm.adv_estimator=gae", "algorithm.gae_timestep_unit=turn", "algorithm.lam=0.95",
+                         "critic.optim.lr=1.0e-3"]}
+
+
+def config_for(name: str, seed: int, model: Path, run_dir: Path, extra: list[str]):
+    from verl_agent.config import load_config
+
+    rel = lambda p: str(REPO / p)  # noqa: E731  (the config's paths are relative to the repository root)
+    return load_config(HERE / "config.yaml", [
+        f"data.train_files=[{rel('examples/turn_credit/data/train.jsonl')}]",
+        f"data.val_files=[{rel('examples/turn_credit/data/test.jsonl')}]",
+        f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={rel('examples/turn_credit/interaction.yaml')}",
+        f"actor_rollout_ref.model.path={model}", f"trainer.seed={seed}", f"data.seed={seed}",
+        f"trainer.default_local_dir={run_dir}", f"trainer.experiment_name={name}_seed{seed}",
+        *VARIANTS[name], *extra])
+
+
+def held_out_curve(run_dir: Path, samples_per_step: int) -> list[tuple[int, float]]:
+    """(training trajectories seen, held-out success) from a run's metrics.jsonl."""
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if "val/success_rate" in m:
+            out.append((int(m["step"]) * samples_per_step, float(m["val/success_rate"])))
+    return sorted(dict(out).items())
+
+
+def run_all(names: list[str], seeds: list[int], out: Path, runs: Path, extra: list[str]) -> dict:
+    sys.path.insert(0, str(HERE))
+    from warm_start import warm_start
+
+    from verl_agent.trainer.controller import init_ray
+    from verl_agent.trainer.loop import train
+
+    model = warm_start()
+    results = json.loads(out.read_text()) if out.exists() else {}
+    started = init_ray(None)
+    try:
+        for seed in seeds:  # seed by seed: a stopped sweep still has every estimator's first seeds
+            for name in names:
+                if str(seed) in results.get(name, {}):
+                    continue  # done in an earlier sweep (delete results.json to redo)
+                run_dir = runs / f"{name}_seed{seed}"
+                cfg = config_for(name, seed, model, run_dir, extra)
+                t0 = time.perf_counter()
+                train(cfg)
+                per_step = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+                results.setdefault(name, {})[str(seed)] = {
+                    "curve": held_out_curve(run_dir, per_step), "seconds": round(time.perf_counter() - t0, 1)}
+                out.write_text(json.dumps(results, indent=1))  # after every run: a stopped sweep keeps its runs
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    return results
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("the plot needs matplotlib: pip install matplotlib (results.json is written)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, runs in results.items():
+        curves = [dict(map(tuple, r["curve"])) for r in runs.values()]
+        xs = sorted(set.intersection(*(set(c) for c in curves)))
+        ys = np.array([[c[x] for x in xs] for c in curves]) * 100
+        color = COLORS.get(name)
+        ax.plot(xs, ys.mean(0), marker="o", color=color, label=f"{name} (mean of {len(curves)} seeds)")
+        ax.fill_between(xs, ys.min(0), ys.max(0), color=color, alpha=0.2)
+    ax.set_xlabel("training trajectories (samples)")
+    ax.set_ylabel("held-out success (%)")
+    ax.set_title("higher/lower 1..15, 4 guesses, tiny model: shaded = min-max over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def summary(results: dict) -> str:
+    lines = []
+    for name, runs in results.items():
+        finals = [r["curve"][-1][1] * 100 for r in runs.values()]
+        lines.append(f"{name:10s} final held-out success {sum(finals) / len(finals):5.1f} % "
+                     f"(seeds: {', '.join(f'{f:.1f}' for f in finals)}; spread {max(finals) - min(finals):.1f})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=sorted(VARIANTS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--results", type=Path, default=HERE / "results.json")
+    ap.add_argument("--plot", type=Path, default=HERE / "turn_credit.png")
+    ap.add_argument("--runs", type=Path, default=REPO / "runs" / "turn_credit")
+    ap.add_argument("--plot-only", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="extra config overrides, e.g. trainer.total_training_steps=2")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    if args.plot_only:
+        results = json.loads(args.results.read_text())
+    else:
+        results = run_all(args.estimators, args.seeds, args.results, args.runs, args.overrides)
+    plot(results, args.plot)
+    print(summary(results))
+
+
+if __name__ == "__main__":
+    main()
