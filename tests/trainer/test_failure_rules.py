@@ -75,3 +75,6 @@ def test_too_many_infra_failures_stop_the_run_naming_the_cause(ray_cluster, make
     msg = str(e.value)
     assert "step 1" in msg and "trainer.max_infra_failure_fraction=0.2" in msg
     assert "reward_error" in msg and "scorer bug" in msg  # the main cause and one example's exception
+    # the stopped step's failures are in its records (written at once; trained ones wait for their advantages)
+    records = [json.loads(line) for line in (tmp_path / "run" / "trajectories" / "step_1.jsonl").open()]
+    assert records and all(r["outcome"] == "infra_failure" and "advantages" not in r for r in records)

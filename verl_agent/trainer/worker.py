@@ -134,6 +134,7 @@ class TrainWorker:
         self.critic = self.ref = None
         self.trajs: list[Trajectory] = []  # this rank's trajectories of the current step
         self._step = 0  # the step they belong to
+        self._pending: list[int] = []  # positions in self.trajs whose records wait for their advantages
         self.version = 0  # policy version of the engine's weights (the step whose update it holds)
         self._reward_seconds = 0.0
         self.seqs: list[TrainSeq] = []  # ... those that may be trained on, as training sequences
@@ -250,7 +251,11 @@ class TrainWorker:
         self.trajs = trajs
         self.seqs, counts = train_seqs(trajs, self.cfg.algorithm.adv_estimator in GROUP_ESTIMATORS)
         counts["train/stale_groups_dropped"] = float(dropped)
-        self._step = step  # compute_advantages writes the step's records, with the advantages
+        self._step = step
+        # Records: what cannot reach the loss now (a stopped step still shows its failures), the rest with
+        # their advantages from compute_advantages.
+        self._pending = sorted(s.extra["trajectory"] for s in self.seqs)
+        self._log([t for i, t in enumerate(trajs) if i not in set(self._pending)], f"step_{step}.jsonl", step)
         reward_total = self.reward_timer.seconds if self.reward_timer else 0.0
         reward_s, self._reward_seconds = reward_total - self._reward_seconds, reward_total
         return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs], reward_seconds=reward_s,
@@ -273,12 +278,14 @@ class TrainWorker:
         self._log(trajs, f"val_step_{step}.jsonl", step)
         return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs])
 
-    def _log(self, trajs: list[Trajectory], name: str, step: int, seqs: list[TrainSeq] | None = None) -> None:
+    def _log(self, trajs: list[Trajectory], name: str, step: int, seqs: list[TrainSeq] | None = None,
+             only: list[int] | None = None) -> None:
         """trainer.log_trajectories: append to <run dir>/trajectories/<name> (ranks append whole blocks).
 
-        With `seqs` (training), each trajectory that reached the loss carries its per-token advantages.
+        With `seqs` (training), each trajectory that reached the loss carries its per-token advantages;
+        `only`: the positions in `trajs` to write.
         """
-        if self.cfg.trainer.log_trajectories and trajs:
+        if self.cfg.trainer.log_trajectories and trajs and (only is None or only):
             from verl_agent.protocol import RolloutBatch
             from verl_agent.rollout.records import write_records
 
@@ -286,12 +293,13 @@ class TrainWorker:
             for s in seqs or []:
                 if "trajectory" in s.extra and s.advantages is not None:
                     advs[s.extra["trajectory"]] = s.advantages.tolist()
-            write_records(self.cfg.run_dir / "trajectories" / name, RolloutBatch(trajs), self.tokenizer, step=step,
-                          advantages=advs)
+            keep = range(len(trajs)) if only is None else only
+            write_records(self.cfg.run_dir / "trajectories" / name, RolloutBatch([trajs[i] for i in keep]),
+                          self.tokenizer, step=step, advantages=[advs[i] for i in keep])
 
     def set_sequences(self, seqs: list[TrainSeq]) -> None:
         """Train on these sequences instead of rolled-out ones (offline data; tests)."""
-        self.trajs, self.seqs = [], list(seqs)
+        self.trajs, self.seqs, self._pending = [], list(seqs), []
 
     # -- training (collective) -----------------------------------------------------------------
 
@@ -343,7 +351,8 @@ class TrainWorker:
             self.seqs, metrics["train/kept_group_fraction"] = filter_groups(self.seqs, algo.filter_groups.metric,
                                                                             _reduce)
         n = int(_reduce(torch.tensor([len(self.seqs)], dtype=torch.float64))[0])
-        self._log(self.trajs, f"step_{self._step}.jsonl", self._step, self.seqs)
+        self._log(self.trajs, f"step_{self._step}.jsonl", self._step, self.seqs, only=self._pending)
+        self._pending = []
         return AdvantageResult(metrics=metrics, kl=kl, sequences=n)
 
     def update(self, n_minibatches: int, step: int, update_actor_now: bool = True) -> dict[str, float]:
