@@ -1,9 +1,12 @@
-"""Write data/train.jsonl and data/test.jsonl: one game per row; the test secrets never occur in training.
+"""Write data/train.jsonl and data/test.jsonl: one game per row.
 
     python examples/turn_credit/make_data.py
 
-Held out: the secrets 3, 6, 9, 12 and 15 are test-only, so every test game is one the policy never
-played. `extra_info.interaction_kwargs` = {"name": "hilo", "secret": ..., "seed": ...}.
+Every game has the same prompt (the secret is hidden), so the test set is evaluation games: each
+secret 1..15 once, played with sampling and never trained on. (A first version held out the secrets
+3, 6, 9, 12 and 15 entirely; training then never rewards saying those numbers, and held-out success
+measured that, not the strategy: see README.md.) `extra_info.interaction_kwargs` =
+{"name": "hilo", "secret": ..., "seed": ...}.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ import json
 from pathlib import Path
 
 PROMPT = "Let's play higher or lower. Reply with just your guess."
-TEST_SECRETS = (3, 6, 9, 12, 15)
-TRAIN_SECRETS = tuple(s for s in range(1, 16) if s not in TEST_SECRETS)
+TEST_SECRETS = TRAIN_SECRETS = tuple(range(1, 16))
 
 
 def rows(split: str, n: int) -> list[dict]:
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", 80), ("test", 10)):
+    for split, n in (("train", 90), ("test", 15)):
         (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(split, n)))
 
 

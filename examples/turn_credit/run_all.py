@@ -4,7 +4,7 @@
     python examples/turn_credit/run_all.py --plot-only       # redraw from results.json
 
 Each run is `verl-agent train examples/turn_credit/config.yaml` with the warm-started model
-(warm_start.py), `algorithm.adv_estimator=E` and `trainer.seed=S data.seed=S`; the held-out success
+(warm_start.py), `algorithm.adv_estimator=E` and `trainer.seed=S data.seed=S`; the evaluation success
 rate (val/success_rate, every trainer.test_freq steps) of every run goes to results.json, and the plot
 shows the mean over seeds with the min-max spread against the training trajectories seen.
 Runs are sequential (one Ray instance, one CPU worker) to leave the machine's other cores alone.
@@ -45,7 +45,7 @@ def config_for(name: str, seed: int, model: Path, run_dir: Path, extra: list[str
 
 
 def held_out_curve(run_dir: Path, samples_per_step: int) -> list[tuple[int, float]]:
-    """(training trajectories seen, held-out success) from a run's metrics.jsonl."""
+    """(training trajectories seen, evaluation success) from a run's metrics.jsonl."""
     out = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
@@ -85,7 +85,7 @@ def run_all(names: list[str], seeds: list[int], out: Path, runs: Path, extra: li
     return results
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, title: str) -> None:
     try:
         import matplotlib
     except ImportError:
@@ -103,8 +103,8 @@ def plot(results: dict, path: Path) -> None:
         ax.plot(xs, ys.mean(0), marker="o", color=color, label=f"{name} (mean of {len(curves)} seeds)")
         ax.fill_between(xs, ys.min(0), ys.max(0), color=color, alpha=0.2)
     ax.set_xlabel("training trajectories (samples)")
-    ax.set_ylabel("held-out success (%)")
-    ax.set_title("higher/lower 1..15, 4 guesses, tiny model: shaded = min-max over seeds")
+    ax.set_ylabel("evaluation success (%)")
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -115,7 +115,7 @@ def summary(results: dict) -> str:
     lines = []
     for name, runs in results.items():
         finals = [r["curve"][-1][1] * 100 for r in runs.values()]
-        lines.append(f"{name:10s} final held-out success {sum(finals) / len(finals):5.1f} % "
+        lines.append(f"{name:10s} final evaluation success {sum(finals) / len(finals):5.1f} % "
                      f"(seeds: {', '.join(f'{f:.1f}' for f in finals)}; spread {max(finals) - min(finals):.1f})")
     return "\n".join(lines)
 
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plot", type=Path, default=HERE / "turn_credit.png")
     ap.add_argument("--runs", type=Path, default=REPO / "runs" / "turn_credit")
     ap.add_argument("--plot-only", action="store_true")
+    ap.add_argument("--title", default="higher/lower 1..15, tiny model: 60 evaluation games "
+                    "(15 secrets x 4 samples);\nline = mean of seeds, shaded = min-max over seeds")
     ap.add_argument("overrides", nargs="*", help="extra config overrides, e.g. trainer.total_training_steps=2")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         results = json.loads(args.results.read_text())
     else:
         results = run_all(args.estimators, args.seeds, args.results, args.runs, args.overrides)
-    plot(results, args.plot)
+    plot(results, args.plot, args.title)
     print(summary(results))
 
 
