@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 import pytest
-from example_helpers import EXAMPLES, assert_data_reproducible, example_config, load_module
+from example_helpers import EXAMPLES, assert_data_reproducible, example_config
 
 from verl_agent.trainer.loop import train
 
@@ -81,7 +81,8 @@ def ray_local():
         mp = pytest.MonkeyPatch()
         mp.setenv("RAY_TMPDIR", os.environ.get("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "ray")))
         mp.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE", "disabled"))
-        ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        ray.init(address="local", include_dashboard=False,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield
     if started:
         ray.shutdown()

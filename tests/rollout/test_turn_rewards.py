@@ -51,7 +51,8 @@ class Countdown(BaseInteraction):
 
 async def test_interaction_scores_and_state_keys_reach_the_turns(chat_tokenizer, rollout_cfg):
     engine = scripted_engine(chat_tokenizer, ["a", "b", "c"])
-    traj = (await agent(chat_tokenizer, engine, rollout_cfg, interactions={"countdown": Countdown({"name": "countdown"})})
+    countdown = {"countdown": Countdown({"name": "countdown"})}
+    traj = (await agent(chat_tokenizer, engine, rollout_cfg, interactions=countdown)
             .run([sample(interaction_kwargs={"name": "countdown"})], 1, SP)).trajectories[0]
     assert [t.score for t in traj.turns] == pytest.approx([0.1, 0.2, 1.0])
     assert [t.state_key for t in traj.turns] == [None, "s1", "s2"]
@@ -109,7 +110,8 @@ def test_reward_function_list_is_checked():
 
 async def test_records_carry_advantages_aligned_with_response_ids(chat_tokenizer, rollout_cfg, tmp_path):
     engine = scripted_engine(chat_tokenizer, ["a", "b", "c"])
-    traj = (await agent(chat_tokenizer, engine, rollout_cfg, interactions={"countdown": Countdown({"name": "countdown"})})
+    countdown = {"countdown": Countdown({"name": "countdown"})}
+    traj = (await agent(chat_tokenizer, engine, rollout_cfg, interactions=countdown)
             .run([sample(interaction_kwargs={"name": "countdown"})], 1, SP)).trajectories[0]
     advs = [0.123456 * (i + 1) for i in range(len(traj.response_ids))]
     rec = trajectory_record(traj, advantages=advs)

@@ -27,7 +27,8 @@ Reward: interaction.calculate_score if an interaction is attached, else reward_f
 tools' calc_reward. Per-turn scores (Turn.score): the interaction's score of each reply, the sum
 of the tools' step rewards of each turn's calls, or a reward function's list (one score per
 assistant turn, given the turns' texts in extra_info["assistant_turns"]; the reward is its sum).
-An interaction may name the state a turn starts from (info["state_key"]; Turn.state_key). Tool `release` and interaction `finalize_interaction` always run.
+An interaction may name the state a turn starts from (info["state_key"]; Turn.state_key).
+Tool `release` and interaction `finalize_interaction` always run.
 """
 
 from __future__ import annotations
