@@ -89,7 +89,7 @@ def plot(results: dict, path: Path, title: str) -> None:
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("the plot needs matplotlib: pip install matplotlib (results.json is written)") from None
+        raise SystemExit("the plot needs matplotlib: pip install -e '.[plots]' (results.json is written)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np

@@ -32,7 +32,7 @@ def tokenizer_dir(run_dir: Path) -> str | None:
         log.warning("viewer: cannot read %s: %s", cfg_path, e)
         return None
     path = model.get("tokenizer_path") or model.get("path")
-    if path == "tiny":
+    if path in ("tiny", "smollm2"):  # the built-in names resolve to cached folders
         from verl_agent.rollout.build import resolve_model_path
 
         path = resolve_model_path(path)
