@@ -243,7 +243,10 @@ def run_trl(args, model_dir: Path, work: Path) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
-    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [bench_reward(c, "") for c in completions],
+    def reward(completions, **kw):  # conversational prompts: each completion is [{"role": "assistant", ...}]
+        return [bench_reward(c if isinstance(c, str) else c[-1]["content"], "") for c in completions]
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward,
                           args=conf, train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[Timer()])
     torch.cuda.reset_peak_memory_stats()
     with Peaks(gpu=True) as peaks:
