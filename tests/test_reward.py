@@ -72,3 +72,26 @@ def test_load_errors_name_the_problem(tmp_path):
         load_reward_fn(f"{write(tmp_path, '1/0', name='broken.py')}:f")
     with pytest.raises(RewardError, match="expected \\(generated_text, ground_truth\\)"):
         load_reward_fn(f"{write(tmp_path, 'def f(a, b, c): return 1', name='three.py')}:f")
+
+
+async def test_gsm8k_rows_are_scored_by_data_source_without_a_reward_function(tiny_model_path) -> None:
+    """verl's default_compute_score for openai/gsm8k: with no reward function, the row's data_source picks
+    the strict GSM8K rule; an unknown data_source keeps the tools' calc_reward (0.0 with no tools)."""
+    from transformers import AutoTokenizer
+
+    from verl_agent.config import RolloutConfig
+    from verl_agent.protocol import Message, Sample
+    from verl_agent.reward import default_scorer
+    from verl_agent.rollout.agent_loop import AgentLoop
+    from verl_agent.rollout.engine import SamplingParams
+    from verl_agent.rollout.scripted import ScriptedEngine
+
+    assert default_scorer("openai/gsm8k") is default_scorer("openai/gsm8k") and default_scorer("mine") is None
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    engine = ScriptedEngine(tok, lambda ids, sp: "So 3 + 4 = 7.\n#### 7", eos_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    loop = AgentLoop(engine, tok, RolloutConfig())
+    ask = [Message("user", "3 + 4?")]
+    rows = [Sample(uid="a", messages=ask, ground_truth="7", data_source="openai/gsm8k"),
+            Sample(uid="b", messages=ask, ground_truth="7", data_source="mine")]
+    batch = await loop.run(rows, n=1, sampling=SamplingParams(max_new_tokens=32))
+    assert [t.reward for t in batch.trajectories] == [1.0, 0.0]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RewardError", "RewardFunction", "RewardResult", "load_reward_fn"]
+__all__ = ["DEFAULT_SCORERS", "RewardError", "RewardFunction", "RewardResult", "default_scorer", "load_reward_fn"]
 
 
 class RewardError(ValueError):
@@ -133,3 +133,18 @@ def load_reward_fn(spec: str | Callable[..., Any]) -> RewardFunction:
     if not isinstance(spec, str) or not spec.strip():
         raise RewardError(f"reward function spec must be a non-empty string, got {spec!r}")
     return RewardFunction(_import_callable(spec.strip()), spec.strip())
+
+
+# verl scores a row by its data_source when no reward function is configured; the sources we have scorers for.
+DEFAULT_SCORERS: dict[str, str] = {"openai/gsm8k": "verl_agent.gsm8k.compute_score"}
+_default_cache: dict[str, RewardFunction] = {}
+
+
+def default_scorer(data_source: str | None) -> RewardFunction | None:
+    """The built-in scorer of `data_source` (verl's default_compute_score), or None when there is none."""
+    spec = DEFAULT_SCORERS.get(data_source or "")
+    if spec is None:
+        return None
+    if spec not in _default_cache:
+        _default_cache[spec] = load_reward_fn(spec)
+    return _default_cache[spec]

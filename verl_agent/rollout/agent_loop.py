@@ -24,6 +24,7 @@ nothing generated), "left"/"right" (cut that side of the prompt ids) or "error" 
 infrastructure failure with cause "prompt_too_long").
 
 Reward: interaction.calculate_score if an interaction is attached, else reward_fn, else the
+data source's built-in scorer as in verl (reward.DEFAULT_SCORERS: openai/gsm8k), else the
 tools' calc_reward. Per-turn scores (Turn.score): the interaction's score of each reply, the sum
 of the tools' step rewards of each turn's calls, or a reward function's list (one score per
 assistant turn, given the turns' texts in extra_info["assistant_turns"]; the reward is its sum).
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verl_agent.protocol import SUCCESS_THRESHOLD, Message, RolloutBatch, Sample, Trajectory, Turn
+from verl_agent.reward import default_scorer
 from verl_agent.rollout.engine import Engine, SamplingParams
 from verl_agent.rollout.observations import run_tool_calls
 
@@ -349,11 +351,12 @@ class AgentLoop:
             if ep.interaction.error:
                 raise InfraFailure("interaction_error", f"interaction calculate_score failed: {ep.interaction.error}")
             return score
-        if self.reward_fn is not None:
+        reward_fn = self.reward_fn or default_scorer(sample.data_source)
+        if reward_fn is not None:
             turn_texts = [self.tokenizer.decode(traj.response_ids[t.gen_start : t.gen_end], skip_special_tokens=True)
                           for t in traj.turns]  # what a per-turn reward function scores
             res = await asyncio.to_thread(
-                self.reward_fn, data_source=sample.data_source, solution_str=ep.last_text,
+                reward_fn, data_source=sample.data_source, solution_str=ep.last_text,
                 ground_truth=sample.ground_truth, extra_info={**sample.extra_info, "assistant_turns": turn_texts},
             )  # fmt: skip
             if getattr(res, "error", None):
