@@ -195,7 +195,12 @@ class SGLangEngine:
         """One client per event loop (pytest gives each test its own loop)."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client, self._client_loop = httpx.AsyncClient(base_url=self.url, timeout=self._timeout), loop
+            # SGLang's uvicorn closes idle keep-alive connections after 5 s, httpx's default expiry is also
+            # 5 s: a call after a long idle gap (an actor update) could reuse a connection the server is
+            # closing and fail with ReadError. Expiring ours first removes the race.
+            limits = httpx.Limits(keepalive_expiry=1.0)
+            self._client = httpx.AsyncClient(base_url=self.url, timeout=self._timeout, limits=limits)
+            self._client_loop = loop
         return self._client
 
     async def _call(self, method: str, endpoint: str, payload: dict | None = None, ok_404: bool = False) -> Any:
