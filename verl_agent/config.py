@@ -331,9 +331,10 @@ class TrainerConfig(Section):
         "step takes the first groups to finish, at most max_staleness policy versions old")
     max_staleness: int = Field(1, ge=0, description="async: batches fed ahead of training = the largest policy-"
                                "version lag allowed; older groups are dropped (counted) and rolled out again")
-    partial_rollout: bool = Field(True, description="async: on a weight update, trajectories pause at a turn "
-                                  "boundary and continue under the new weights (each turn records its version); "
-                                  "false: started trajectories finish under the old weights first")
+    partial_rollout: bool = Field(True, description="async: on a weight update, trajectories pause at a token "
+                                  "boundary (a turn boundary on engines without Engine.interrupt) and continue "
+                                  "under the new weights (each token records its version); false: started "
+                                  "trajectories finish under the old weights first")
     max_infra_failure_fraction: float = Field(
         0.2, ge=0, le=1, description="stop the run when more than this share of a step's trajectories failed "
         "for infrastructure reasons (engine, sandbox, tool crash, reward fn, interaction)")

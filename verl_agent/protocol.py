@@ -9,6 +9,7 @@ This module imports nothing else from verl_agent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -137,8 +138,18 @@ class Turn:
     score: float = 0.0  # per-turn score from tools' step rewards or the interaction
     gen_seconds: float = 0.0
     tool_seconds: float = 0.0
-    policy_version: int = 0  # the weights that generated this turn's tokens (per token: its turn's version)
+    policy_version: int = 0  # the weights that generated this turn's tokens (the oldest, if they changed)
     state_key: str | None = None  # the state this turn starts from, if the interaction names it (GiGPO's anchor)
+    # per generated token, only when weights changed inside the turn (partial rollout at a token boundary)
+    token_versions: list[int] | None = None
+
+    def stamp_versions(self, versions: Sequence[int] | None, current: int) -> None:
+        """Set the version fields from an engine output's per-token `versions` (None: all `current`)."""
+        if not versions:
+            self.policy_version, self.token_versions = current, None
+            return
+        self.policy_version = min(versions)
+        self.token_versions = list(versions) if len(set(versions)) > 1 else None
 
 
 @dataclass
@@ -182,6 +193,15 @@ class Trajectory:
     def oldest_version(self) -> int:
         """The oldest policy version that generated any of its tokens (staleness is measured from it)."""
         return min((t.policy_version for t in self.turns), default=self.policy_version)
+
+    def token_versions(self) -> list[int]:
+        """The policy version of every response token (observation tokens: their turn's last version)."""
+        out = [self.policy_version] * len(self.response_ids)
+        for t in self.turns:
+            gen = t.token_versions or [t.policy_version] * (t.gen_end - t.gen_start)
+            out[t.gen_start : t.gen_end] = gen
+            out[t.gen_end : t.obs_end] = [gen[-1] if gen else t.policy_version] * (t.obs_end - t.gen_end)
+        return out
 
 
 @dataclass

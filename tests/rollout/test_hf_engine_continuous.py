@@ -235,3 +235,52 @@ def test_waiting_tokens_count_only_what_a_session_must_prefill():
         s.n_cached = b
     assert sched.ready_tokens() == 10  # no slot left for the third
     loop.close()
+
+
+async def test_a_weight_update_at_a_token_boundary_continues_under_the_new_weights(small_model):
+    """Partial rollout: pause(interrupt=True) ends the call between two tokens, the weights change, and
+    the same call goes on: its first k tokens are the old policy's sample, the rest the new policy's."""
+    import copy
+
+    from rollout_helpers import random_qwen2
+
+    from verl_agent.rollout.stream import PausableEngine
+
+    new_model = random_qwen2(seed=1)
+    n, sp = 200, SamplingParams(temperature=1.0, max_new_tokens=200, seed=3)
+    e = engine(copy.deepcopy(small_model), max_model_len=256)
+    version = [0]
+    pe = PausableEngine(e, version_of=lambda: version[0])
+    call = asyncio.ensure_future(pe.generate(PROMPT, sp))
+    await wait_for(lambda: e.metrics()["engine/decode_steps"] >= 10)
+    assert await pe.pause(interrupt=True)
+    assert pe._inflight == 0 and not call.done()  # stopped mid-generation, waiting for the gate
+    await e.update_weights(new_model.state_dict().items())
+    version[0] = 1
+    pe.resume()
+    out = await call
+    assert len(out.token_ids) == n and out.finish_reason == "length" and pe.continued == 1
+    k = out.versions.index(1)
+    assert 10 <= k < n and out.versions == [0] * k + [1] * (n - k)
+    assert e.metrics()["engine/requests_interrupted"] == 1
+    old = await (e_old := engine(small_model, max_model_len=256)).generate(PROMPT, SamplingParams(
+        temperature=1.0, max_new_tokens=k, seed=3))
+    new = await (e_new := engine(new_model, max_model_len=256)).generate(PROMPT + out.token_ids[:k], SamplingParams(
+        temperature=1.0, max_new_tokens=n - k, seed=3 + k))
+    assert out.token_ids == old.token_ids + new.token_ids
+    assert out.logprobs == pytest.approx(old.logprobs + new.logprobs, abs=1e-5)
+    for x in (e, e_old, e_new):
+        await x.close()
+
+
+async def test_an_engine_that_cannot_interrupt_is_paused_at_the_end_of_its_calls(small_model):
+    from verl_agent.rollout.stream import PausableEngine
+
+    e = HFEngine(small_model, stop_on_eos=False, scheduler="batch")
+    pe = PausableEngine(e)
+    call = asyncio.ensure_future(pe.generate(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=30)))
+    await wait_for(lambda: pe._inflight == 1)
+    assert not await pe.pause(interrupt=True)  # "batch" cannot stop mid-batch: pause waited for the call
+    assert call.done() and len(call.result().token_ids) == 30 and call.result().versions == [0] * 30
+    pe.resume()
+    await e.close()

@@ -1,4 +1,5 @@
-"""RolloutStream: groups out in finish order, weight updates only at turn boundaries, versions per turn,
+"""RolloutStream: groups out in finish order, weight updates at turn boundaries (token
+boundaries on an engine that can interrupt), versions per turn and per token,
 stale groups re-rolled, drained updates, nothing lost. Real agent loop, tools and tokenizer; a scripted
 engine with simulated generation time (asyncio sleep) so that turns are in flight when weights change.
 """
@@ -117,3 +118,40 @@ async def test_a_loop_that_records_no_versions_is_an_error_not_an_endless_reroll
     stream.feed([sample()], 1, SP, batch=1)
     with pytest.raises(RuntimeError, match="started under version 3"):
         await stream.take(1, min_version=3)
+
+
+async def test_partial_rollout_at_a_token_boundary_records_the_version_of_every_token(chat_tokenizer, rollout_cfg):
+    """With the real `hf` engine (continuous scheduler) the update interrupts turns mid-generation: each
+    turn's tokens carry their own versions, old then new, and the records keep them."""
+    from rollout_helpers import random_qwen2
+
+    from verl_agent.rollout.hf_engine import HFEngine
+    from verl_agent.rollout.records import trajectory_record
+
+    engine = HFEngine(random_qwen2(vocab=len(chat_tokenizer)), stop_on_eos=False, max_model_len=512)
+    agent = AgentLoop(engine, chat_tokenizer, rollout_cfg, max_prompt_length=400, max_response_length=96)
+    stream = RolloutStream(agent)
+    stream.feed([sample(uid=f"s{i}") for i in range(3)], 2, SamplingParams(max_new_tokens=96, seed=5), batch=1)
+    inner = stream.engine.engine
+    steps = 0
+    while len(inner._batcher.sched.decoding()) < 6 or inner.metrics()["engine/decode_steps"] < steps + 5:
+        steps = steps if len(inner._batcher.sched.decoding()) == 6 else inner.metrics()["engine/decode_steps"]
+        await asyncio.sleep(0.001)
+    await stream.pause()
+    await stream.engine.update_weights(random_qwen2(vocab=len(chat_tokenizer), seed=1).state_dict().items())
+    agent.policy_version = 1
+    stream.resume()
+    groups, _ = await stream.take(3, min_version=0)
+    cut = 0
+    for t in (t for g in groups for t in g.trajectories):
+        (turn,) = t.turns
+        n = turn.gen_end - turn.gen_start
+        versions = turn.token_versions or [turn.policy_version] * n
+        k = versions.count(0)
+        assert versions == [0] * k + [1] * (n - k) and turn.policy_version == min(versions)
+        assert t.token_versions()[turn.gen_start : turn.gen_end] == versions
+        assert trajectory_record(t)["turns"][0]["token_versions"] == turn.token_versions
+        cut += 0 < k < n
+    # every turn in flight at the update was cut mid-way (all 6 were decoding a few steps before)
+    assert cut == inner.metrics()["engine/requests_interrupted"] >= 3
+    await engine.close()

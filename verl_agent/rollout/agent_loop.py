@@ -287,9 +287,11 @@ class AgentLoop:
         traj.response_ids += out.token_ids
         traj.loss_mask += [1] * len(out.token_ids)
         traj.rollout_logprobs += [float(x) for x in out.logprobs]
-        # read after the call: weights change only while no generate call is in flight (rollout/stream.py)
         turn = Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids),
-                    policy_version=self.policy_version, state_key=ep.state_key)
+                    state_key=ep.state_key)
+        # out.versions: per token (rollout/stream.py); without them the version is read after the call,
+        # as weights change only while no generate call is in flight
+        turn.stamp_versions(out.versions, self.policy_version)
         turn.gen_seconds = time.perf_counter() - t0
         traj.turns.append(turn)
         ep.assistant_turns += 1

@@ -72,7 +72,7 @@ class ContinuousBatcher:
         self._decode_s_since_prefill = 0.0
         self.counters: dict[str, float] = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "decode_steps": 0,
                          "prefill_chunks": 0, "decode_rows": 0, "failed_requests": 0,
-                         "prefill_s": 0.0, "decode_s": 0.0, "slot_swaps": 0}  # fmt: skip
+                         "prefill_s": 0.0, "decode_s": 0.0, "slot_swaps": 0, "requests_interrupted": 0}  # fmt: skip
 
     # -- event-loop side -----------------------------------------------------------------------------------
     def make_seq(
@@ -117,6 +117,9 @@ class ContinuousBatcher:
                 for item in items:
                     if isinstance(item, Seq):
                         self.sched.add(item)
+                    elif item[0] == "interrupt":  # at a token boundary: every request so far ends now
+                        self.counters["requests_interrupted"] += len(self.sched.waiting) + len(self.sched.running)
+                        self.abort_all()
                     else:
                         self.sched.release(item[1])
                 if self.closed:

@@ -30,6 +30,10 @@ Contract (what is called when):
   The OpenAI endpoint streams replies with it.
 - ``await release_session(sid)`` says the conversation has ended; the engine
   may free what it kept for it. Releasing an unknown session is a no-op.
+- ``await interrupt() -> bool`` (optional): every generate call in flight
+  returns at its next token boundary with the tokens sampled so far and
+  ``finish_reason == "abort"`` (a weight update is coming; `PausableEngine`
+  continues them afterwards). False: this engine cannot, callers must wait.
 - ``metrics()`` (optional) returns a flat dict of ``engine/<name>`` floats,
   cumulative since the engine started (e.g. ``engine/prefill_tokens_saved``).
 - ``await update_weights(named_tensors)`` replaces parameters by name; it is
@@ -90,6 +94,7 @@ class GenerateOutput:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    versions: list[int] | None = None  # policy version per token: set by PausableEngine (rollout/stream.py)
 
 
 @runtime_checkable

@@ -192,6 +192,14 @@ class HFEngine:
         if self._batcher is not None and not self._closed:
             self._batcher.submit(("release", session), self._executor)
 
+    async def interrupt(self) -> bool:
+        """End every request in flight at the next token boundary ("abort", with the tokens sampled so far),
+        ahead of a weight update; "continuous" only ("batch" returns False: its batches run to the end)."""
+        if self._batcher is None or self._closed:
+            return False
+        self._batcher.submit(("interrupt", ""), self._executor)
+        return True
+
     def metrics(self) -> dict[str, float]:
         """Counters since construction, as `engine/<name>` floats (busy_s: seconds inside forward + sampling)."""
         if self._batcher is None:

@@ -142,7 +142,7 @@ class OpenAIServer:
             out = await self._generate(rec, prompt + forced, sp, on_token)
             new = req.messages[len(seg.history):] if obs else []
             choice = None if req.tool_choice in (None, "auto", "required", "none") else req.tool_choice
-            # the version is read after the call: weights change only while no call is in flight (stream.py)
+            # out.versions name each token's policy (stream.py); else the version is read after the call
             return req, rec.commit(seg, obs, new, out, parse_tools, choice, req.stop, version=self.policy_version,
                                    forced=forced, required=parse_tools and req.tool_choice == "required")
 

@@ -171,8 +171,9 @@ class SessionRecorder:
         traj.response_ids += ids
         traj.loss_mask += [1] * len(ids)
         traj.rollout_logprobs += lps
-        traj.turns.append(Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids),
-                               policy_version=version))
+        turn = Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids))
+        turn.stamp_versions(out.versions[: len(ids)] if out.versions else None, version)
+        traj.turns.append(turn)
         head = self.tokenizer.decode(forced, skip_special_tokens=True) if forced else ""
         seg.last_text = self.tokenizer.decode(forced + ids, skip_special_tokens=True)
         text = seg.last_text if cut is None else head + cut

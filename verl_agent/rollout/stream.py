@@ -13,9 +13,11 @@ rollout of that batch gives. A group whose oldest token is older than `min_versi
 (counted) and its sample is fed again from scratch, so nothing is lost.
 
 Weight updates never race a forward pass: `pause()` closes the engine's gate (new generate calls
-wait) and waits for the calls in flight to return; trajectories then continue under the new
-weights at their next turn (partial rollout; each turn records its version). `pause(drain=True)`
-instead lets every started trajectory finish under the old weights first and holds new ones back.
+wait), interrupts the calls in flight at a token boundary where the engine can (`Engine.interrupt`,
+the `hf` engine's continuous scheduler), else waits for them to return, i.e. for the turn boundary.
+An interrupted call continues under the new weights once the gate opens (partial rollout): the
+caller gets one output whose `versions` name the policy of every token. `pause(drain=True)` instead
+lets every started trajectory finish under the old weights first and holds new ones back.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from verl_agent.protocol import Sample, Trajectory
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.rollout.engine import GenerateOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -38,27 +41,55 @@ class PausableEngine:
     """Wraps an Engine: generate calls pass a gate, and `pause()` returns once none is in flight.
 
     Sessions pass through to engines that take them (and are dropped for those that do not),
-    so the wrapper is transparent to agent loops and to the OpenAI endpoint.
+    so the wrapper is transparent to agent loops and to the OpenAI endpoint. Every output carries
+    per-token `versions` (`version_of()` when the tokens were generated).
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, version_of: Callable[[], int] = lambda: 0) -> None:
         self.engine = engine
-        self._sessions = "session" in inspect.signature(engine.generate).parameters
+        self.version_of = version_of
+        params = inspect.signature(engine.generate).parameters
+        self._sessions, self._streams = "session" in params, "on_token" in params
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
         self._inflight = 0
+        self._interrupts = 0  # pauses that interrupted the calls in flight
+        self.continued = 0  # generate calls resumed under new weights after an interrupt
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None) -> Any:
-        while not self._open.is_set():
-            await self._open.wait()
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None,
+                       on_token: Callable[[int, float], None] | None = None) -> GenerateOutput:  # fmt: skip
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        while True:
+            while not self._open.is_set():
+                await self._open.wait()
+            epoch, version = self._interrupts, self.version_of()
+            sp = sampling
+            if tokens:  # the rest of an interrupted call; its own seed, so a rerun samples the same
+                seed = None if sampling.seed is None else sampling.seed + len(tokens)
+                sp = replace(sampling, max_new_tokens=sampling.max_new_tokens - len(tokens), seed=seed)
+            out = await self._generate_once(prompt_ids + tokens, sp, session, on_token)
+            tokens += out.token_ids
+            logprobs += out.logprobs
+            versions += [version] * len(out.token_ids)
+            interrupted = out.finish_reason == "abort" and self._interrupts != epoch
+            if not interrupted or len(tokens) >= sampling.max_new_tokens:
+                reason = out.finish_reason if not interrupted else "length"
+                return GenerateOutput(tokens, logprobs, reason, versions=versions)
+            self.continued += 1
+
+    async def _generate_once(self, prompt_ids: list[int], sampling: SamplingParams, session: str | None,
+                             on_token: Callable[[int, float], None] | None) -> GenerateOutput:  # fmt: skip
+        kw: dict[str, Any] = {"session": session} if self._sessions and session is not None else {}
+        if on_token is not None and self._streams:
+            kw["on_token"] = on_token
         self._inflight += 1
         self._idle.clear()
         try:
-            if self._sessions and session is not None:
-                return await self.engine.generate(prompt_ids, sampling, session=session)
-            return await self.engine.generate(prompt_ids, sampling)
+            return await self.engine.generate(prompt_ids, sampling, **kw)
         finally:
             self._inflight -= 1
             if self._inflight == 0:
@@ -69,9 +100,16 @@ class PausableEngine:
         if self._sessions and release is not None:
             await release(session)
 
-    async def pause(self) -> None:
+    async def pause(self, interrupt: bool = False) -> bool:
+        """Close the gate and return once no call is in flight. `interrupt`: end the calls in flight at a
+        token boundary (they continue after `resume()`) where the engine can; returns whether it did."""
         self._open.clear()
+        interrupted = False
+        if interrupt and self._inflight and hasattr(self.engine, "interrupt"):
+            self._interrupts += 1
+            interrupted = bool(await self.engine.interrupt())
         await self._idle.wait()
+        return interrupted
 
     def resume(self) -> None:
         self._open.set()
@@ -114,6 +152,7 @@ class RolloutStream:
         if not isinstance(agent.engine, PausableEngine):  # build_rollout wraps it already; tests may not
             agent.engine = PausableEngine(agent.engine)
         self.engine: PausableEngine = agent.engine
+        self.engine.version_of = lambda: agent.policy_version
         self.ready: list[Group] = []
         self.running: dict[asyncio.Task, _Fed] = {}
         self.held: list[_Fed] = []  # fed while draining: started on resume()
@@ -183,13 +222,14 @@ class RolloutStream:
         return out, dropped
 
     async def pause(self, drain: bool = False) -> None:
-        """Stop generation at a turn boundary (or, with drain, after every started trajectory)."""
+        """Stop generation at a token boundary (a turn boundary on engines that cannot interrupt) or, with
+        drain, once every started trajectory has finished."""
         if drain:
             self._draining = True
             while self.running:
                 self._changed.clear()
                 await self._changed.wait()
-        await self.engine.pause()
+        await self.engine.pause(interrupt=not drain)
 
     def resume(self) -> None:
         self.engine.resume()
