@@ -8,6 +8,7 @@ the first step of each (compilation, Ray start) is left out.
 
     python bench/async_train.py                                    # CPU, the tiny model
     python bench/async_train.py --device cuda --model 0.5b         # one GPU, a Qwen2-0.5B-shaped body
+    python bench/async_train.py --split                            # + async with trainer.placement=split
 
 Prints a table and one JSON line: trajectories trained per second per mode and the ratio to sync.
 """
@@ -101,13 +102,15 @@ def _setup(args: argparse.Namespace, tmp: Path) -> list[str]:
     ]
 
 
-def run_mode(base: list[str], mode: str, staleness: int, tmp: Path) -> dict[str, float]:
+def run_mode(base: list[str], mode: str, staleness: int, tmp: Path, split: list[str] | None = None
+             ) -> dict[str, float]:  # fmt: skip
     from verl_agent.config import load_config
     from verl_agent.trainer.loop import train
 
     staleness_key = [f"trainer.max_staleness={staleness}"] if mode == "async" else []
-    cfg = load_config(None, [*base, f"trainer.mode={mode}", *staleness_key,
-                             f"trainer.default_local_dir={tmp / f'run_{mode}_{staleness}'}"])
+    name = f"run_{mode}_{staleness}" + ("_split" if split else "")
+    cfg = load_config(None, [*base, f"trainer.mode={mode}", *staleness_key, *(split or []),
+                             f"trainer.default_local_dir={tmp / name}"])
     result = train(cfg)
     warm = result.history[1:]
     seconds = sum(m["time/step"] for m in warm)
@@ -132,15 +135,20 @@ def main() -> None:
     p.add_argument("--latency", type=float, nargs=2, default=[0.01, 1.0], metavar=("LO", "HI"))
     p.add_argument("--workers", type=int, default=2, help="CPU workers (cpu device)")
     p.add_argument("--staleness", type=int, default=2, help="async mode's max_staleness")
+    p.add_argument("--split", action="store_true", help="also async with trainer.placement=split (one rollout "
+                   "worker; on one GPU it gets half of it, the train worker the other half)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="async-bench-"))
     base = _setup(args, tmp)
     rows = {"sync": run_mode(base, "sync", 0, tmp), "one_step_off": run_mode(base, "one_step_off", 1, tmp),
             f"async(k={args.staleness})": run_mode(base, "async", args.staleness, tmp)}
+    if args.split:
+        split = ["trainer.placement=split", *(["trainer.rollout_gpus_per_worker=0.5"] if args.device == "cuda" else [])]
+        rows[f"async(k={args.staleness}) split"] = run_mode(base, "async", args.staleness, tmp, split)
     sync = rows["sync"]["trajectories_per_s"]
-    print(f"\n{'mode':<16}{'traj/s':>9}{'x sync':>8}{'step s':>8}{'wait s':>8}{'update s':>9}{'lag':>5}{'reward':>8}")
+    print(f"\n{'mode':<22}{'traj/s':>9}{'x sync':>8}{'step s':>8}{'wait s':>8}{'update s':>9}{'lag':>5}{'reward':>8}")
     for name, r in rows.items():
-        print(f"{name:<16}{r['trajectories_per_s']:>9.2f}{r['trajectories_per_s'] / sync:>8.2f}{r['step_s']:>8.2f}"
+        print(f"{name:<22}{r['trajectories_per_s']:>9.2f}{r['trajectories_per_s'] / sync:>8.2f}{r['step_s']:>8.2f}"
               f"{r['rollout_wait_s']:>8.2f}{r['update_s']:>9.2f}{r['policy_lag_max']:>5.0f}{r['reward_mean']:>8.3f}")
     print(json.dumps({"bench": "async_train", "device": args.device, "model": args.model, "args": vars(args),
                       "modes": rows, "speedup": {k: r["trajectories_per_s"] / sync for k, r in rows.items()}}))

@@ -335,6 +335,15 @@ class TrainerConfig(Section):
                                   "boundary (a turn boundary on engines without Engine.interrupt) and continue "
                                   "under the new weights (each token records its version); false: started "
                                   "trajectories finish under the old weights first")
+    placement: Literal["colocated", "split"] = Field(
+        "colocated", description="colocated: every train worker holds an engine replica on its own device (it "
+        "sleeps during updates). split: trainer.rollout_workers separate Ray actors run the engines (their own "
+        "processes and placement group) and train rank 0 streams them the weights after each update")
+    rollout_workers: int = Field(1, ge=1, description="split: engine replicas (Ray actors); each batch is "
+                                 "sharded over them, their groups are spread over the train ranks")
+    rollout_gpus_per_worker: float = Field(1.0, gt=0, description="split, on GPU: GPUs per rollout worker; a "
+                                           "fraction below 1 shares a GPU with a train worker, which then takes "
+                                           "the rest of it (Ray fractional GPUs)")
     max_infra_failure_fraction: float = Field(
         0.2, ge=0, le=1, description="stop the run when more than this share of a step's trajectories failed "
         "for infrastructure reasons (engine, sandbox, tool crash, reward fn, interaction)")
@@ -389,8 +398,13 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
            f"only trainer.mode=async uses it (one_step_off always lets started trajectories finish; mode is {t.mode})")
     refuse(r.mode != "async", "actor_rollout_ref.rollout.mode", r.mode,
            "the agent loop always runs trajectories concurrently; leave it at async")
-    refuse(not arr.hybrid_engine, "actor_rollout_ref.hybrid_engine", False,
-           "only the colocated hybrid engine exists (engine and actor share each worker)")
+    refuse(not arr.hybrid_engine and t.placement == "colocated", "actor_rollout_ref.hybrid_engine", False,
+           "without the colocated hybrid engine, set trainer.placement=split (and trainer.rollout_workers)")
+    refuse(t.placement == "colocated" and t.rollout_workers != 1, "trainer.rollout_workers", t.rollout_workers,
+           "only trainer.placement=split uses it (colocated: one engine per train worker)")
+    refuse((t.placement == "colocated" or t.n_gpus_per_node == 0) and t.rollout_gpus_per_worker != 1.0,
+           "trainer.rollout_gpus_per_worker", t.rollout_gpus_per_worker,
+           "only trainer.placement=split on GPUs uses it")
     refuse(r.tensor_model_parallel_size != 1, "actor_rollout_ref.rollout.tensor_model_parallel_size",
            r.tensor_model_parallel_size, "each worker runs one engine replica; use 1")
     refuse(not arr.model.use_remove_padding, "actor_rollout_ref.model.use_remove_padding", False,

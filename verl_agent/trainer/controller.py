@@ -5,7 +5,9 @@ Ray actors that form one torch.distributed group. Placement: one placement
 group with one bundle per node (``trainer.nnodes``), STRICT_SPREAD so each
 bundle is a different node; a bundle holds that node's workers
 (``trainer.n_gpus_per_node`` GPUs, or ``trainer.num_cpu_workers / nnodes`` CPUs
-for CPU training). Nothing here generates methods: the loop calls worker
+for CPU training). With trainer.placement=split, ``trainer.rollout_workers``
+`RolloutWorker` actors get a second placement group, one bundle each (see
+rollout_worker.py). Nothing here generates methods: the loop calls worker
 methods directly through `WorkerGroup`'s typed methods (one per worker method).
 """
 
@@ -26,7 +28,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from verl_agent.protocol import Sample
 from verl_agent.rollout.engine import SamplingParams
 from verl_agent.trainer.batch import TrainSeq
-from verl_agent.trainer.worker import AdvantageResult, RolloutResult, TrainWorker
+from verl_agent.trainer.rollout_worker import RolloutWorker
+from verl_agent.trainer.worker import AdvantageResult, RolloutResult, TrainWorker, pause_drains
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +95,18 @@ class WorkerGroup:
     pg: Any = None
     info: list[dict] = field(default_factory=list)
     bytes_moved: int = 0
+    rollouts: list = field(default_factory=list)  # split placement: the RolloutWorkers
+    rollout_pg: Any = None
+    rollout_info: list[dict] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
         return len(self.workers)
+
+    @property
+    def rollout_shards(self) -> int:
+        """How many ways a batch is sharded for rollout: the rollout workers (split) or the train ranks."""
+        return len(self.rollouts) or self.world_size
 
     @classmethod
     def create(cls, cfg: Any, timeout_s: float = 300.0) -> WorkerGroup:
@@ -105,28 +116,35 @@ class WorkerGroup:
         if per_node < 1 or (gpus == 0 and t.num_cpu_workers % t.nnodes):
             raise ValueError(f"trainer.num_cpu_workers={t.num_cpu_workers} must be a positive multiple of "
                              f"trainer.nnodes={t.nnodes}")
-        bundle = {"CPU": per_node} if gpus == 0 else {"GPU": per_node, "CPU": per_node}
-        strategy = "STRICT_SPREAD" if t.nnodes > 1 else "PACK"
-        pg = placement_group([dict(bundle) for _ in range(t.nnodes)], strategy=strategy)
-        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-        if not ready:
-            remove_placement_group(pg)
-            raise WorkerFailure(f"Ray could not place {t.nnodes} node(s) x {bundle} within {timeout_s:.0f} s; "
-                                f"cluster resources: {ray.cluster_resources()}")
+        split = t.placement == "split"
+        # split on one GPU: a rollout worker's fraction of it leaves the rest to the train worker
+        gpu_each = 1.0 - t.rollout_gpus_per_worker if split and gpus and t.rollout_gpus_per_worker < 1 else 1.0
+        bundle = {"CPU": per_node} if gpus == 0 else {"GPU": per_node * gpu_each, "CPU": per_node}
+        group = cls(cfg=cfg, pg=_placement(bundle, t.nnodes, "STRICT_SPREAD" if t.nnodes > 1 else "PACK", timeout_s))
         world = per_node * t.nnodes
-        group = cls(cfg=cfg, pg=pg)
         cfg_dict = cfg.model_dump()
         for rank in range(world):
-            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank // per_node)
-            opts = {"num_cpus": 1, "num_gpus": 1 if gpus else 0, "scheduling_strategy": strategy}
+            strategy = PlacementGroupSchedulingStrategy(group.pg, placement_group_bundle_index=rank // per_node)
+            opts = {"num_cpus": 1, "num_gpus": gpu_each if gpus else 0, "scheduling_strategy": strategy}
             group.workers.append(TrainWorker.options(**opts).remote(cfg_dict, rank, world))
         try:
+            if split:
+                rgpu = t.rollout_gpus_per_worker if gpus else 0
+                rbundle = {"CPU": 1, **({"GPU": rgpu} if rgpu else {})}
+                group.rollout_pg = _placement(rbundle, t.rollout_workers, "PACK", timeout_s)
+                for i in range(t.rollout_workers):
+                    strategy = PlacementGroupSchedulingStrategy(group.rollout_pg, placement_group_bundle_index=i)
+                    group.rollouts.append(RolloutWorker.options(num_cpus=1, num_gpus=rgpu, scheduling_strategy=strategy)
+                                          .remote(cfg_dict, i))  # fmt: skip
             addr, port = group._get([group.workers[0].node_address.remote()], "node_address")[0]
-            group.info = group._get([w.setup.remote(addr, port) for w in group.workers], "setup")
+            setups = [w.setup.remote(addr, port) for w in group.workers] + [r.setup.remote() for r in group.rollouts]
+            infos = group._get(setups, "setup")
+            group.info, group.rollout_info = infos[:world], infos[world:]
         except BaseException:  # never leak the workers' CPUs/GPUs to the next run in this cluster
             group.shutdown(graceful=False)
             raise
-        logger.info("%d workers ready: %s", world, [(i["rank"], i["node"], i["device"]) for i in group.info])
+        logger.info("%d train workers ready: %s%s", world, [(i["rank"], i["node"], i["device"]) for i in
+                    group.info], f"; rollout workers: {group.rollout_info}" if split else "")
         return group
 
     # -- typed calls -----------------------------------------------------------------------------
@@ -134,18 +152,36 @@ class WorkerGroup:
     def feed(self, samples: Sequence[Sample], n: int, sampling: SamplingParams, batch: int) -> list[int]:
         """Start batch `batch`: prompts sharded contiguously over ranks (whole GRPO groups per rank);
         returns each rank's number of prompts (what its `take` for that batch asks for)."""
-        shards = shard_list(samples, self.world_size)
-        self._count(shards, (n, sampling, batch) * self.world_size)
-        self._get([w.feed.remote(s, n, sampling, batch) for w, s in zip(self.workers, shards)], "feed")
+        shards = shard_list(samples, self.rollout_shards)
+        self._count(shards, (n, sampling, batch) * self.rollout_shards)
+        self._get([w.feed.remote(s, n, sampling, batch) for w, s in zip(self.rollouts or self.workers, shards)],
+                  "feed")  # fmt: skip
         return [len(s) for s in shards]
 
     def take(self, counts: Sequence[int], step: int, min_version: int) -> list[RolloutResult]:
-        """Each rank keeps counts[rank] finished groups (no older than min_version) for this step."""
-        return self._get([w.take.remote(k, step, min_version) for w, k in zip(self.workers, counts)], "take")
+        """Each rollout shard hands over counts[shard] finished groups (no older than min_version) for this
+        step; one result per shard. Colocated, the shards are the train ranks and keep their groups; split,
+        each rollout worker's groups go straight to the train ranks (Ray object refs, not via the driver)."""
+        if not self.rollouts:
+            return self._get([w.take.remote(k, step, min_version) for w, k in zip(self.workers, counts)], "take")
+        w = self.world_size
+        outs = [r.take.options(num_returns=w + 1).remote(k, min_version, w) for r, k in zip(self.rollouts, counts)]
+        kept = self._get([tw.take_parts.remote(step, [out[rank] for out in outs])
+                          for rank, tw in enumerate(self.workers)], "take_parts")  # fmt: skip
+        results = self._get([out[w] for out in outs], "take")
+        for c in kept:  # what the train ranks' failure rules left out, summed into the first shard
+            for key, v in c.items():
+                results[0].counts[key] = results[0].counts.get(key, 0.0) + v
+        return results
 
     def validate(self, samples: Sequence[Sample], n: int, sampling: SamplingParams, step: int) -> list[RolloutResult]:
-        shards = shard_list(samples, self.world_size)
+        shards = shard_list(samples, self.rollout_shards)
         self._count(shards)
+        if self.rollouts:
+            vbs = self.cfg.data.val_batch_size
+            chunk = -(-vbs // len(self.rollouts)) if vbs else None
+            return self._get([r.validate.remote(s, n, sampling, step, chunk) for r, s in zip(self.rollouts, shards)],
+                             "validate")  # fmt: skip
         return self._get([w.validate.remote(s, n, sampling, step) for w, s in zip(self.workers, shards)], "validate")
 
     def set_sequences(self, shards: Sequence[Sequence[TrainSeq]]) -> None:
@@ -167,7 +203,19 @@ class WorkerGroup:
 
     def sync_weights(self, version: int) -> float:
         """Push the actor's weights into every engine as policy `version`; the slowest rank's seconds."""
-        return max(self._get([w.sync_weights.remote(version) for w in self.workers], "sync_weights"))
+        if not self.rollouts:
+            return max(self._get([w.sync_weights.remote(version) for w in self.workers], "sync_weights"))
+        self._get([r.pause.remote(pause_drains(self.cfg)) for r in self.rollouts], "pause")
+        try:
+            return max(self._get([w.push_weights.remote(version, self.rollouts) for w in self.workers],
+                                 "push_weights"))  # fmt: skip
+        finally:
+            self._get([r.resume.remote(version) for r in self.rollouts], "resume")
+
+    def weights_digests(self) -> list[float]:
+        """Sum of |w| of the actor's weights (first), then of each split rollout worker's engine (tests)."""
+        actor = self._get([w.weights_digest.remote() for w in self.workers], "weights_digest")[0]
+        return [actor] + self._get([r.weights_digest.remote() for r in self.rollouts], "weights_digest")
 
     def check_sync(self, prompts: list[list[int]]) -> list[float]:
         return self._get([w.check_sync.remote(prompts) for w in self.workers], "check_sync")
@@ -177,6 +225,8 @@ class WorkerGroup:
 
     def load_checkpoint(self, path: str) -> None:
         self._get([w.load_checkpoint.remote(path) for w in self.workers], "load_checkpoint")
+        if self.rollouts:
+            self.sync_weights(version=int(path.rstrip("/").rsplit("_", 1)[1]) if "global_step_" in path else 0)
 
     def export_hf(self, path: str) -> str:
         """Rank 0's export path."""
@@ -200,14 +250,26 @@ class WorkerGroup:
         """Stop the workers (after a failure: kill at once, a dead one is already gone) and free the placement group."""
         try:
             if graceful:
-                ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+                ray.get([w.shutdown.remote() for w in self.workers + self.rollouts], timeout=30)
         except Exception as e:  # workers may be dead after a failure; killing below is what matters
             logger.debug("worker shutdown: %r", e)
-        for w in self.workers:
+        for w in self.workers + self.rollouts:
             ray.kill(w)
-        if self.pg is not None:
-            remove_placement_group(self.pg)
-        self.workers = []
+        for pg in (self.pg, self.rollout_pg):
+            if pg is not None:
+                remove_placement_group(pg)
+        self.workers, self.rollouts, self.pg, self.rollout_pg = [], [], None, None
+
+
+def _placement(bundle: dict, count: int, strategy: str, timeout_s: float) -> Any:
+    """A ready placement group of `count` copies of `bundle`, or WorkerFailure naming what did not fit."""
+    pg = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(pg)
+        raise WorkerFailure(f"Ray could not place {count} x {bundle} ({strategy}) within {timeout_s:.0f} s; "
+                            f"cluster resources: {ray.cluster_resources()}")
+    return pg
 
 
 def _failure(refs: list, what: str, first: Exception) -> WorkerFailure:

@@ -260,14 +260,14 @@ class Feeder:
             batch = [self.replay.pop(0) if self.replay else next(self.samples)[0] for _ in range(size)]
             sampling = sampling_params(r, self.cfg.data, seed=_step_seed(self.cfg.trainer.seed, self.next))
             self.counts[self.next] = self.group.feed(batch, r.n, sampling, batch=self.next)
-            assert self.counts[self.next] == shard_sizes(size, self.group.world_size)
+            assert self.counts[self.next] == shard_sizes(size, self.group.rollout_shards)
             self.untrained.update({(self.next, i): s for i, s in enumerate(batch)})
             self.next += 1
 
     def take(self, step: int, min_version: int) -> list:
         counts = self.counts.pop(step)
         outs = self.group.take(counts, step, min_version)
-        offsets = [sum(counts[:r]) for r in range(len(counts))]  # rank r holds the batch's prompts from here
+        offsets = [sum(counts[:r]) for r in range(len(counts))]  # shard r holds the batch's prompts from here
         for rank, out in enumerate(outs):
             for batch, position in out.taken:
                 del self.untrained[(batch, offsets[rank] + position)]

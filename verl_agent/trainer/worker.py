@@ -1,9 +1,10 @@
 """`TrainWorker`: one Ray actor per rank, holding the FSDP2 actor (+ ref, + critic), an engine replica and its data.
 
 Data stays where it was made: `feed` starts this rank's rollouts on its engine (a
-`RolloutStream` on the worker's event-loop thread, so rollouts keep running while the
-actor trains), `take` keeps the finished groups of a step and answers with
-per-trajectory summaries (scalars); `compute_log_probs`, `compute_advantages` and
+`RolloutHost`: the engine and a `RolloutStream` on an event-loop thread, so rollouts keep
+running while the actor trains), `take` keeps the finished groups of a step and answers with
+per-trajectory summaries (scalars); with trainer.placement=split the groups come from the
+rollout workers instead (`take_parts`, see rollout_worker.py); `compute_log_probs`, `compute_advantages` and
 `update` work on them in place and answer with metrics. GRPO groups are whole on one
 rank (the controller shards prompts, the n samples of a prompt run here), so group
 advantages are local; batch-wide statistics come from all-reduces.
@@ -14,7 +15,7 @@ Hybrid engine: the engine is a separate plain copy of the policy on the same dev
 engine in memory. With rollout.free_cache_engine the engine sleeps (drops caches; on GPU
 its weights leave the device) while the actor trains.
 
-Every method except `node_address`, `feed`, `take` and `validate` is collective: call it on all ranks.
+Every method except `node_address`, `feed`, `take`, `take_parts` and `validate` is collective: call it on all ranks.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ import logging
 import os
 import random
 import socket
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import torch.distributed as dist
 from verl_agent.protocol import Sample, Trajectory
 from verl_agent.rollout.engine import SamplingParams
 from verl_agent.rollout.metrics import TrajectorySummary
-from verl_agent.rollout.stream import RolloutStream
+from verl_agent.rollout.stream import Group
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.actor import (
     MicroBatching, _all_reduce, forward_log_probs, forward_values, micro_batches, update_actor, update_critic,
@@ -47,21 +47,11 @@ from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, mak
 from verl_agent.trainer.prepare import (
     GROUP_ESTIMATORS, apply_rollout_correction, assign_advantages, filter_groups, log_prob_metrics, train_seqs,
 )
+from verl_agent.trainer.rollout_worker import RolloutHost, RolloutResult, log_trajectories, rollout_result
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainWorker", "RolloutResult", "AdvantageResult", "old_log_probs_from_actor"]
-
-
-@dataclass
-class RolloutResult:
-    """What one rank's rollout sends to the driver: scalars per trajectory, not tokens."""
-
-    summaries: list[TrajectorySummary] = field(default_factory=list)
-    reward_seconds: float = 0.0  # summed over concurrent trajectories (they overlap)
-    tool_seconds: float = 0.0
-    counts: dict[str, float] = field(default_factory=dict)  # what the failure rules left out (prepare.train_seqs)
-    taken: list[tuple[int, int]] = field(default_factory=list)  # (batch, position in this rank's shard) per group
+__all__ = ["TrainWorker", "RolloutResult", "AdvantageResult", "old_log_probs_from_actor", "pause_drains"]
 
 
 @dataclass
@@ -95,24 +85,15 @@ def rollout_is_level(cfg) -> str:
     return level
 
 
+def pause_drains(cfg) -> bool:
+    """Does a weight update let started trajectories finish first? one_step_off, or partial_rollout=false."""
+    return cfg.trainer.mode == "one_step_off" or not cfg.trainer.partial_rollout
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-class _TimedReward:
-    """Wraps a RewardFunction and adds up the seconds spent in it (for the step's time breakdown)."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn, self.seconds = fn, 0.0
-
-    def __call__(self, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self.fn(**kwargs)
-        finally:
-            self.seconds += time.perf_counter() - t0
 
 
 def _reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -127,16 +108,12 @@ class TrainWorker:
         self.cfg = RunConfig.model_validate(cfg)
         self.rank, self.world_size = rank, world_size
         logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
-        # One event loop for the worker's life, on its own thread: the engine's batcher and the rollout
-        # stream live there, so rollouts go on while this (the actor's) thread trains.
-        self._loop = asyncio.new_event_loop()
-        threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True).start()
+        self.rollout: RolloutHost | None = None  # colocated: this rank's engine replica (split: none)
         self.critic = self.ref = None
         self.trajs: list[Trajectory] = []  # this rank's trajectories of the current step
         self._step = 0  # the step they belong to
         self._pending: list[int] = []  # positions in self.trajs whose records wait for their advantages
         self.version = 0  # policy version of the engine's weights (the step whose update it holds)
-        self._reward_seconds = 0.0
         self.seqs: list[TrainSeq] = []  # ... those that may be trained on, as training sequences
 
     def node_address(self) -> tuple[str, int]:
@@ -181,7 +158,13 @@ class TrainWorker:
                                          arr.rollout.log_prob_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu)
         self.mb_ref = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
                                     arr.ref.log_prob_micro_batch_size_per_gpu or self.mb_log_prob.per_gpu)
-        self._build_rollout()
+        if cfg.trainer.placement == "colocated":
+            self.rollout = RolloutHost(cfg, self.rank, self.model_path, self.device)
+            self.tokenizer = self.rollout.tokenizer
+        else:
+            from verl_agent.rollout.build import load_tokenizer
+
+            self.tokenizer = load_tokenizer(arr.model)
         n_params = sum(p.numel() for p in self.actor.parameters())  # DTensor.numel() is the full size
         return {"rank": self.rank, "device": str(self.device), "node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(),
@@ -205,31 +188,6 @@ class TrainWorker:
         self.critic_optim, self.critic_sched = self._optimizer(self.critic, c.optim)
         self.mb_critic = MicroBatching(self.mb.dynamic, self.mb.max_tokens, c.ppo_micro_batch_size_per_gpu)
 
-    def _build_rollout(self) -> None:
-        """Engine replica, tokenizer, reward and agent loop: built exactly as `verl-agent rollout` builds them."""
-        from verl_agent.rollout.build import build_rollout
-
-        r = self.cfg.actor_rollout_ref.rollout
-        model = self.model_path
-        if r.name == "hf":  # a plain (unsharded) replica of the policy in this process
-            model = load_causal_lm(self.model_path, r.dtype or self.cfg.actor_rollout_ref.model.dtype,
-                                   trust_remote_code=self.cfg.actor_rollout_ref.model.trust_remote_code)
-        parts = build_rollout(self.cfg, model=model, device=str(self.device), seed=self.cfg.trainer.seed + self.rank,
-                              own_server=True)
-        self.engine, self.tokenizer, self.agent = parts.engine, parts.tokenizer, parts.agent
-        self.reward_timer = self.agent.reward_fn = _TimedReward(parts.reward_fn) if parts.reward_fn else None
-        if r.name == "sglang":
-            self._run(self.engine.start())
-
-        async def make_stream() -> RolloutStream:
-            return RolloutStream(self.agent)
-
-        self.stream = self._run(make_stream())
-
-    def _run(self, coro: Any) -> Any:
-        """Run a coroutine on the worker's event loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
     # -- rollout -------------------------------------------------------------------------------
 
     def feed(self, samples: list[Sample], n: int, sampling: SamplingParams, batch: int) -> None:
@@ -237,65 +195,62 @@ class TrainWorker:
 
         A seed is offset by the rank so ranks never sample alike.
         """
-        from dataclasses import replace
-
-        if sampling.seed is not None:
-            sampling = replace(sampling, seed=sampling.seed + self.rank * 1_000_003)
-        self._loop.call_soon_threadsafe(self.stream.feed, samples, n, sampling, batch)
+        self._host().feed(samples, n, sampling, batch)
 
     def take(self, k: int, step: int, min_version: int) -> RolloutResult:
         """Wait for k finished groups at most `current version - min_version` versions old and keep them
         for this step's training; answers with their summaries. Stale groups are rolled out again."""
-        groups, dropped = self._run(self.stream.take(k, min_version))
+        host = self._host()
+        groups, dropped = host.take(k, min_version)
+        result = rollout_result(groups, dropped, host.reward_seconds())
+        result.counts.update(self._keep(groups, step))
+        return result
+
+    def take_parts(self, step: int, parts: list) -> dict[str, float]:
+        """Split placement: keep the groups of `parts` (object refs from RolloutWorker.take) for this step."""
+        return self._keep([g for part in ray.get(parts) for g in part], step)
+
+    def _keep(self, groups: list[Group], step: int) -> dict[str, float]:
+        """This step's trajectories and training sequences; returns what the failure rules left out."""
         trajs = [t for g in groups for t in g.trajectories]
         self.trajs = trajs
         self.seqs, counts = train_seqs(trajs, self.cfg.algorithm.adv_estimator in GROUP_ESTIMATORS)
-        counts["train/stale_groups_dropped"] = float(dropped)
         self._step = step
         # Records: what cannot reach the loss now (a stopped step still shows its failures), the rest with
         # their advantages from compute_advantages.
         self._pending = sorted(s.extra["trajectory"] for s in self.seqs)
         self._log([t for i, t in enumerate(trajs) if i not in set(self._pending)], f"step_{step}.jsonl", step)
-        reward_total = self.reward_timer.seconds if self.reward_timer else 0.0
-        reward_s, self._reward_seconds = reward_total - self._reward_seconds, reward_total
-        return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs], reward_seconds=reward_s,
-                             tool_seconds=sum(turn.tool_seconds for t in trajs for turn in t.turns), counts=counts,
-                             taken=[(g.batch, g.position) for g in groups])
+        return counts
 
     def validate(self, samples: list[Sample], n: int, sampling: SamplingParams, step: int) -> RolloutResult:
         """Held-out rollouts (in chunks of data.val_batch_size over all ranks); nothing is kept for training."""
-        from dataclasses import replace
-
-        from verl_agent.rollout.build import rollout_in_chunks
-
-        if sampling.seed is not None:
-            sampling = replace(sampling, seed=sampling.seed + self.rank * 1_000_003)
         if not samples:
             return RolloutResult()
         vbs = self.cfg.data.val_batch_size
-        chunk = -(-vbs // self.world_size) if vbs else None
-        trajs = self._run(rollout_in_chunks(self.agent, samples, n, sampling, chunk))
+        trajs = self._host().validate(samples, n, sampling, -(-vbs // self.world_size) if vbs else None)
         self._log(trajs, f"val_step_{step}.jsonl", step)
         return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs])
 
+    def _host(self) -> RolloutHost:
+        if self.rollout is None:
+            raise RuntimeError("trainer.placement=split: rollouts run on the RolloutWorkers, not on train ranks")
+        return self.rollout
+
     def _log(self, trajs: list[Trajectory], name: str, step: int, seqs: list[TrainSeq] | None = None,
              only: list[int] | None = None) -> None:
-        """trainer.log_trajectories: append to <run dir>/trajectories/<name> (ranks append whole blocks).
+        """trainer.log_trajectories for this rank's trajectories (see rollout_worker.log_trajectories).
 
         With `seqs` (training), each trajectory that reached the loss carries its per-token advantages;
         `only`: the positions in `trajs` to write.
         """
-        if self.cfg.trainer.log_trajectories and trajs and (only is None or only):
-            from verl_agent.protocol import RolloutBatch
-            from verl_agent.rollout.records import write_records
-
-            advs: list = [None] * len(trajs)
-            for s in seqs or []:
-                if "trajectory" in s.extra and s.advantages is not None:
-                    advs[s.extra["trajectory"]] = s.advantages.tolist()
-            keep = range(len(trajs)) if only is None else only
-            write_records(self.cfg.run_dir / "trajectories" / name, RolloutBatch([trajs[i] for i in keep]),
-                          self.tokenizer, step=step, advantages=[advs[i] for i in keep])
+        if not self.cfg.trainer.log_trajectories or not trajs or (only is not None and not only):
+            return
+        advs: list = [None] * len(trajs)
+        for s in seqs or []:
+            if "trajectory" in s.extra and s.advantages is not None:
+                advs[s.extra["trajectory"]] = s.advantages.tolist()
+        keep = range(len(trajs)) if only is None else only
+        log_trajectories(self.cfg, self.tokenizer, [trajs[i] for i in keep], name, step, [advs[i] for i in keep])
 
     def set_sequences(self, seqs: list[TrainSeq]) -> None:
         """Train on these sequences instead of rolled-out ones (offline data; tests)."""
@@ -309,8 +264,8 @@ class TrainWorker:
         log-probs and values (critic) where configured. Returns batch-wide metrics (the same on every rank)."""
         cfg = self.cfg
         arr = cfg.actor_rollout_ref
-        if arr.rollout.free_cache_engine and cfg.trainer.mode == "sync":  # async modes keep generating
-            self._run(self.engine.sleep())
+        if self.rollout is not None and arr.rollout.free_cache_engine and cfg.trainer.mode == "sync":
+            self.rollout.sleep()  # async modes keep generating; split engines have their own memory
         temp = self.agent_temperature
         from_actor = old_log_probs_from_actor(arr.actor, n_minibatches, cfg.algorithm.use_kl_in_reward,
                                               cfg.trainer.mode) or rollout_is_level(cfg) != "none"
@@ -377,33 +332,57 @@ class TrainWorker:
     def sync_weights(self, version: int) -> float:
         """Gather full parameters bucket by bucket and push them into the engine as policy `version`; seconds.
 
-        Rollouts in flight pause at a turn boundary first (or, for one_step_off and partial_rollout=false,
-        finish under the old weights), so no forward pass ever sees half-updated weights.
+        Rollouts in flight pause first (at a token boundary, or for one_step_off and partial_rollout=false
+        after they finish under the old weights), so no forward pass ever sees half-updated weights.
         """
-        t = self.cfg.trainer
         t0 = time.perf_counter()
-        self._run(self.stream.pause(drain=t.mode == "one_step_off" or not t.partial_rollout))
+        host = self._host()
+        host.pause(drain=pause_drains(self.cfg))
         try:
-            self._run(self.engine.wake_up())
-            arr = self.cfg.actor_rollout_ref
-            dtype = getattr(torch, arr.rollout.dtype or arr.model.dtype)  # the replica's dtype: cast on the device
-            bucket_bytes = (512 if self.device.type == "cuda" else 64) << 20
-            for bucket in iter_full_param_buckets(self.actor, bucket_bytes, dtype=dtype):
-                self._run(self.engine.update_weights(bucket))
-            self.version = self.agent.policy_version = version
+            for bucket in iter_full_param_buckets(self.actor, self._bucket_bytes(), dtype=self._engine_dtype()):
+                host.load(bucket)
+            self.version = version
         finally:
-            self._loop.call_soon_threadsafe(self.stream.resume)
+            host.resume(self.version)
         return time.perf_counter() - t0
+
+    def push_weights(self, version: int, rollout_workers: list) -> float:
+        """Split placement: stream the full parameters to every RolloutWorker (already paused); seconds.
+
+        Collective (every rank gathers); rank 0 puts each bucket in the object store once, on the host,
+        and waits until every rollout worker has loaded it before gathering the next."""
+        t0 = time.perf_counter()
+        for bucket in iter_full_param_buckets(self.actor, self._bucket_bytes(), dtype=self._engine_dtype()):
+            if self.rank == 0:
+                ref = ray.put([(name, t.detach().cpu()) for name, t in bucket])
+                ray.get([w.load_weights.remote(ref) for w in rollout_workers])
+        self.version = version
+        return time.perf_counter() - t0
+
+    def _engine_dtype(self) -> torch.dtype:
+        arr = self.cfg.actor_rollout_ref
+        return getattr(torch, arr.rollout.dtype or arr.model.dtype)  # the replica's dtype: cast on the device
+
+    def _bucket_bytes(self) -> int:
+        return (512 if self.device.type == "cuda" else 64) << 20
+
+    def weights_digest(self) -> float:
+        """Sum of |w| over the full parameters as the engines receive them, in float64 (collective; tests)."""
+        total = 0.0
+        for bucket in iter_full_param_buckets(self.actor, self._bucket_bytes(), dtype=self._engine_dtype()):
+            total += float(sum(t.detach().double().abs().sum() for _, t in bucket))
+        return total
 
     def check_sync(self, prompts: list[list[int]], max_new_tokens: int = 16) -> float:
         """Max |engine log-prob - actor log-prob| on tokens the engine samples now (temperature 1)."""
         sp = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=1234)
-        self._run(self.engine.wake_up())
+        host = self._host()
+        host.run(host.engine.wake_up())
 
         async def generate_all() -> list:
-            return await asyncio.gather(*(self.engine.generate(p, sp) for p in prompts))
+            return await asyncio.gather(*(host.engine.generate(p, sp) for p in prompts))
 
-        outs = self._run(generate_all())
+        outs = host.run(generate_all())
         seqs = [TrainSeq(input_ids=p + o.token_ids, prompt_len=len(p), loss_mask=torch.ones(len(o.token_ids)))
                 for p, o in zip(prompts, outs) if o.token_ids]
         self.actor.eval()
@@ -434,7 +413,9 @@ class TrainWorker:
         if self.critic is not None:
             ckpt.load_shards(path, "critic", self.critic, self.critic_optim)
             self.critic_sched.load_state_dict(extra["critic_sched"])
-        self.sync_weights(version=int(path.name.rsplit("_", 1)[1]) if path.name.startswith("global_step_") else 0)
+        self.version = int(path.name.rsplit("_", 1)[1]) if path.name.startswith("global_step_") else 0
+        if self.rollout is not None:  # split: the driver pushes the weights to the rollout workers
+            self.sync_weights(self.version)
 
     def export_hf(self, path: str) -> str | None:
         """Full policy in Hugging Face format (+ tokenizer), streamed; rank 0 writes and returns the path."""
@@ -442,8 +423,7 @@ class TrainWorker:
         return ckpt.export_hf(self.actor, self.model_path, str(tok_path), path, self.rank)
 
     def shutdown(self) -> None:
-        self._run(self.stream.cancel())
-        self._run(self.engine.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self.rollout is not None:
+            self.rollout.close()
         if dist.is_initialized():
             dist.destroy_process_group()
