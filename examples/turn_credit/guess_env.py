@@ -24,48 +24,96 @@ import gymnasium
 from gymnasium import spaces
 
 _INTEGER = re.compile(r"-?\d+")
+SCORINGS = ("ruled_out", "halving")
+
+
+def balance(guess: int | None, lo: int, hi: int) -> float:
+    """How evenly `guess` splits [lo, hi]: the smaller side over the best possible smaller side (1 at the
+    middle, or either middle of an even interval; 0 at either end of 3 or more; 1 for 1 or 2 candidates); 0
+    for a guess outside the interval or no number."""
+    if guess is None or not lo <= guess <= hi:
+        return 0.0
+    return 1.0 if hi - lo <= 1 else min(guess - lo, hi - guess) / ((hi - lo) // 2)
 
 
 class HiLoGame(gymnasium.Env):
-    """Find the secret in [low, high] within `max_guesses`; see the module docstring for the rewards."""
+    """Find the secret in [low, high] within `max_guesses`, `rounds` times in a row (a new secret each round);
+    see the module docstring for the rewards."""
 
     metadata = {"render_modes": []}
 
-    def __init__(self, low: int = 1, high: int = 15, max_guesses: int = 4, shaping: float = 0.5):
-        if not low < high or max_guesses < 1 or not 0 <= shaping < 1:
-            raise ValueError(f"HiLoGame: need low < high, max_guesses >= 1 and 0 <= shaping < 1, got "
-                             f"{low}, {high}, {max_guesses}, {shaping}")
-        self.low, self.high, self.max_guesses, self.shaping = low, high, max_guesses, shaping
+    def __init__(self, low: int = 1, high: int = 15, max_guesses: int = 4, shaping: float = 0.5,
+                 scoring: str = "ruled_out", rounds: int = 1):
+        if not low < high or max_guesses < 1 or rounds < 1 or not 0 <= shaping < 1 or scoring not in SCORINGS:
+            raise ValueError(f"HiLoGame: need low < high, max_guesses >= 1, rounds >= 1, 0 <= shaping < 1 and "
+                             f"scoring in {SCORINGS}, got {low}, {high}, {max_guesses}, {rounds}, {shaping}, "
+                             f"{scoring!r}")
+        per_round = shaping * (max_guesses if scoring == "halving" else 1)  # the most shaping one round can earn
+        if per_round * rounds >= 1:
+            raise ValueError(f"HiLoGame: a match with a lost round must score under 1: need rounds x shaping "
+                             f"{'x max_guesses ' if scoring == 'halving' else ''}< 1, got {rounds} x {shaping}")
+        self.low, self.high, self.max_guesses, self.shaping, self.scoring = low, high, max_guesses, shaping, scoring
+        self.rounds = rounds
         self.observation_space = spaces.Text(max_length=200, charset=string.printable)
         self.action_space = spaces.Text(max_length=2000, charset=string.printable)
+        self.secrets, self.round = [low] * rounds, 0
         self.secret, self.lo, self.hi, self.left = low, low, high, max_guesses
 
     def state_key(self) -> str:
-        return f"{self.lo}-{self.hi}-{self.left}"
+        key = f"{self.lo}-{self.hi}-{self.left}"
+        return key if self.rounds == 1 else f"{self.round + 1}:{key}"
+
+    def _round_start(self) -> str:
+        self.secret = self.secrets[self.round]
+        self.lo, self.hi, self.left = self.low, self.high, self.max_guesses
+        text = f"Guess my number from {self.lo} to {self.hi}. {self.left} guesses left."
+        return text if self.rounds == 1 else f"Round {self.round + 1} of {self.rounds}. {text}"
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = options or {}
-        self.secret = int(options.get("secret", self.np_random.integers(self.low, self.high + 1)))
-        self.lo, self.hi, self.left = self.low, self.high, self.max_guesses
-        return f"Guess my number from {self.lo} to {self.hi}. {self.left} guesses left.", {}
+        if "secrets" in options:
+            secrets = [int(x) for x in options["secrets"]]
+        elif "secret" in options:
+            secrets = [int(options["secret"])]
+        else:
+            secrets = [int(x) for x in self.np_random.integers(self.low, self.high + 1, size=self.rounds)]
+        if len(secrets) != self.rounds:
+            raise ValueError(f"HiLoGame: {self.rounds} rounds need {self.rounds} secrets, got {secrets}")
+        self.secrets, self.round = secrets, 0
+        return self._round_start(), {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         numbers = _INTEGER.findall(action or "")
         guess = int(numbers[-1]) if numbers else None
         before, size = self.hi - self.lo + 1, self.high - self.low + 1
         self.left -= 1
-        if guess == self.secret:
-            reward = 1.0 + self.shaping * before / size
-            return "Correct!", reward, True, False, {"state_key": "won", "won": True}
-        if guess is None:
-            hint = "No number."
-        elif guess < self.secret:
-            hint, self.lo = "Too low.", max(self.lo, guess + 1)
+        turn_score = self.shaping * balance(guess, self.lo, self.hi)
+        won = guess == self.secret
+        if won:
+            hint = "Correct!"
+            reward = 1.0 + (turn_score if self.scoring == "halving" else self.shaping * before / size)
         else:
-            hint, self.hi = "Too high.", min(self.hi, guess - 1)
-        reward = self.shaping * (before - (self.hi - self.lo + 1)) / size
-        info = {"state_key": self.state_key(), "won": False}
-        if self.left == 0:
-            return f"{hint} No guesses left; it was {self.secret}.", reward, False, True, info
-        return f"{hint} It is from {self.lo} to {self.hi}. {self.left} guesses left.", reward, False, False, info
+            if guess is None:
+                hint = "No number."
+            elif guess < self.secret:
+                hint, self.lo = "Too low.", max(self.lo, guess + 1)
+            else:
+                hint, self.hi = "Too high.", min(self.hi, guess - 1)
+            if self.scoring == "halving":
+                reward = turn_score
+            else:
+                reward = self.shaping * (before - (self.hi - self.lo + 1)) / size
+        reward /= self.rounds  # each round is worth 1 / rounds: the match scores >= 1 exactly when every round is won
+        if not won and self.left > 0:
+            info = {"state_key": self.state_key(), "won": False}
+            return f"{hint} It is from {self.lo} to {self.hi}. {self.left} guesses left.", reward, False, False, info
+        text = hint if won else f"{hint} No guesses left; it was {self.secret}."
+        self.round += 1
+        if self.round < self.rounds:  # the next round starts
+            text = f"{text} {self._round_start()}"
+            return text, reward, False, False, {"state_key": self.state_key(), "won": won}
+        if won:
+            return text, reward, True, False, {"state_key": "won" if self.rounds == 1 else "end", "won": True}
+        info = {"state_key": f"{self.lo}-{self.hi}-0" if self.rounds == 1 else "end", "won": False}
+        return text, reward, False, True, info

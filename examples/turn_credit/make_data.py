@@ -12,20 +12,23 @@ measured that, not the strategy: see README.md.) `extra_info.interaction_kwargs`
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
 PROMPT = "Let's play higher or lower. Reply with just your guess."
-TEST_SECRETS = TRAIN_SECRETS = tuple(range(1, 16))
+# The game (interaction.yaml's env_kwargs and warm_start.py use the same): ROUNDS rounds, each a secret in
+# LOW..HIGH found within GUESSES guesses.
+LOW, HIGH, GUESSES, ROUNDS = 1, 7, 3, 2
+MATCHES = tuple(itertools.product(range(LOW, HIGH + 1), repeat=ROUNDS))  # every tuple of secrets: 49
 
 
 def rows(split: str, n: int) -> list[dict]:
-    secrets = TEST_SECRETS if split == "test" else TRAIN_SECRETS
     return [{
         "data_source": "hilo",
         "prompt": [{"role": "user", "content": PROMPT}],
         "extra_info": {"split": split, "index": i,
-                       "interaction_kwargs": {"name": "hilo", "secret": secrets[i % len(secrets)], "seed": i}},
+                       "interaction_kwargs": {"name": "hilo", "secrets": list(MATCHES[i % len(MATCHES)]), "seed": i}},
     } for i in range(n)]
 
 
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", 90), ("test", 15)):
+    for split, n in (("train", 2 * len(MATCHES)), ("test", len(MATCHES))):
         (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(split, n)))
 
 

@@ -30,16 +30,20 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
-    recipe_version: int = 1
+    recipe_version: int = 2  # 2: the two-round game of make_data.py (1: one round of 1..15)
     n_games: int = 3000
-    steps: int = 250
+    steps: int = 100
     batch_size: int = 32
     lr: float = 1e-3
     warmup_steps: int = 20
     seed: int = 0
 
     def key(self, base: str) -> str:
-        blob = json.dumps({**dataclasses.asdict(self), "base": base}, sort_keys=True)
+        sys.path.insert(0, str(HERE))
+        from make_data import GUESSES, HIGH, LOW, ROUNDS  # the game's text is what the warm start learns
+
+        game = {"low": LOW, "high": HIGH, "guesses": GUESSES, "rounds": ROUNDS}
+        blob = json.dumps({**dataclasses.asdict(self), "base": base, "game": game}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -64,7 +68,7 @@ def build(out: Path, base: str, w: WarmStart) -> None:
 
     sys.path.insert(0, str(HERE))
     from guess_env import HiLoGame
-    from make_data import PROMPT
+    from make_data import GUESSES, HIGH, LOW, PROMPT, ROUNDS
 
     from verl_agent.chat import ChatEncoder
     from verl_agent.models.sft_data import encode_conversation
@@ -74,7 +78,8 @@ def build(out: Path, base: str, w: WarmStart) -> None:
     torch.manual_seed(w.seed)
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    rng, env, enc = random.Random(w.seed), HiLoGame(), ChatEncoder(tok)
+    rng, enc = random.Random(w.seed), ChatEncoder(tok)
+    env = HiLoGame(low=LOW, high=HIGH, max_guesses=GUESSES, rounds=ROUNDS, shaping=0.0)
     data = [encode_conversation(enc, random_player_game(env, rng, PROMPT)) for _ in range(w.n_games)]
     losses = train(model, group_by_prefix(data, tok.convert_tokens_to_ids("<|im_end|>")), w, w.seed)
     model.save_pretrained(out)

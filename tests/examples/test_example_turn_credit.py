@@ -26,11 +26,19 @@ sys.path.insert(0, str(EXAMPLES / NAME))
 
 def test_make_data_reproduces_shipped_files(tmp_path):
     assert_data_reproducible(NAME, tmp_path)
-    test_secrets = {json.loads(x)["extra_info"]["interaction_kwargs"]["secret"]
-                    for x in (EXAMPLES / NAME / "data" / "test.jsonl").read_text().splitlines()}
-    train_secrets = {json.loads(x)["extra_info"]["interaction_kwargs"]["secret"]
-                     for x in (EXAMPLES / NAME / "data" / "train.jsonl").read_text().splitlines()}
-    assert test_secrets == train_secrets == set(range(1, 16))  # evaluation games: every secret once
+    secrets = lambda split: [tuple(json.loads(x)["extra_info"]["interaction_kwargs"]["secrets"])  # noqa: E731
+                             for x in (EXAMPLES / NAME / "data" / f"{split}.jsonl").read_text().splitlines()]
+    pairs = [(a, b) for a in range(1, 8) for b in range(1, 8)]
+    assert sorted(secrets("test")) == pairs  # evaluation matches: every pair of secrets once
+    assert sorted(secrets("train")) == sorted(pairs * 2)
+
+
+def test_interaction_yaml_plays_the_game_of_make_data():
+    import yaml
+    from make_data import GUESSES, HIGH, LOW, ROUNDS
+
+    kwargs = yaml.safe_load((EXAMPLES / NAME / "interaction.yaml").read_text())["interaction"][0]["config"]["env_kwargs"]
+    assert (kwargs["low"], kwargs["high"], kwargs["max_guesses"], kwargs["rounds"]) == (LOW, HIGH, GUESSES, ROUNDS)
 
 
 def test_env_rewards_and_state_keys():
@@ -60,6 +68,45 @@ def test_env_rewards_and_state_keys():
     rng = random.Random(0)
     wins = sum(play(s, lambda lo, hi: rng.randint(lo, hi)) >= 1 for s in range(1, 16) for _ in range(200))
     assert 0.55 < wins / 3000 < 0.65  # the random player the warm start imitates wins ~60 %
+
+
+def test_two_round_match_rewards_each_guess_and_round():
+    """The example's game: 2 rounds of 1..7 in 3 guesses; each guess scores 0.15 x balance / 2, each won round 1 / 2."""
+    from guess_env import HiLoGame, balance
+
+    assert [balance(g, 1, 7) for g in range(0, 9)] == pytest.approx([0, 0, 1 / 3, 2 / 3, 1, 2 / 3, 1 / 3, 0, 0])
+    assert balance(6, 6, 7) == balance(7, 6, 7) == balance(3, 3, 3) == 1.0 and balance(None, 1, 7) == 0.0
+    env = HiLoGame(low=1, high=7, max_guesses=3, rounds=2, shaping=0.15, scoring="halving")
+    obs, _ = env.reset(options={"secrets": [3, 6]})
+    assert obs == "Round 1 of 2. Guess my number from 1 to 7. 3 guesses left."
+    obs, r, term, trunc, info = env.step("4")  # the middle: balance 1
+    assert obs == "Too high. It is from 1 to 3. 2 guesses left." and info["state_key"] == "1:1-3-2"
+    assert r == pytest.approx(0.15 / 2) and not term and not trunc
+    obs, r, _, _, info = env.step("9")  # outside the interval: 0, and a guess is spent
+    assert r == 0.0 and info["state_key"] == "1:1-3-1"
+    obs, r, term, trunc, info = env.step("1")  # round 1 lost; round 2 starts from the same state for everyone
+    assert obs == "Too low. No guesses left; it was 3. Round 2 of 2. Guess my number from 1 to 7. 3 guesses left."
+    assert info["state_key"] == "2:1-7-3" and not term and not trunc and r == 0.0  # balance(1, 1..3) = 0
+    obs, r, term, _, info = env.step("6")  # won at once: 1 / 2 + 0.15 x balance(6, 1..7) / 2 (= 1 / 3)
+    assert term and obs == "Correct!" and info["state_key"] == "end" and r == pytest.approx((1 + 0.15 / 3) / 2)
+    with pytest.raises(ValueError, match="under 1"):
+        HiLoGame(low=1, high=7, max_guesses=3, rounds=2, shaping=0.2, scoring="halving")
+
+    def play(secrets, policy) -> float:
+        env.reset(options={"secrets": list(secrets)})
+        total, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(str(policy(env.lo, env.hi)))
+            total, done = total + r, term or trunc
+        return total
+
+    pairs = [(a, b) for a in range(1, 8) for b in range(1, 8)]
+    assert all(play(p, lambda lo, hi: (lo + hi) // 2) >= 1 for p in pairs)  # binary search wins every match
+    rng = random.Random(0)
+    scores = [play(p, lambda lo, hi: rng.randint(lo, hi)) for p in pairs for _ in range(100)]
+    won = [s >= 1 for s in scores]
+    assert 0.42 < sum(won) / len(won) < 0.50  # the random player the warm start imitates wins ~46 % of matches
+    assert max(s for s in scores if s < 1) < 1 <= min(s for s in scores if s >= 1)
 
 
 def test_warm_start_builds_and_caches(tmp_path):
@@ -98,7 +145,7 @@ def test_config_trains_with_gigpo_and_records_turn_advantages(ray_local, tiny_mo
                          f"trainer.default_local_dir={tmp_path / 'run'}", model_path=tiny_model_path)
     result = train(cfg)
     assert result.steps == 2 and all(math.isfinite(s["actor/pg_loss"]) for s in result.history)
-    assert result.history[0]["rollout/infra_failed"] == 0.0 and result.val_after["val/num_trajectories"] == 15
+    assert result.history[0]["rollout/infra_failed"] == 0.0 and result.val_after["val/num_trajectories"] == 49
     records = [json.loads(x) for x in (tmp_path / "run" / "trajectories" / "step_1.jsonl").read_text().splitlines()]
     assert len(records) == 8
     for rec in records:
