@@ -10,7 +10,8 @@ the first step of each (compilation, Ray start) is left out.
     python bench/async_train.py --device cuda --model 0.5b         # one GPU, a Qwen2-0.5B-shaped body
     python bench/async_train.py --split                            # + async with trainer.placement=split
 
-Prints a table and one JSON line: trajectories trained per second per mode and the ratio to sync.
+Prints a table and one JSON line: trajectories trained per second per mode and the ratio to the first
+mode (sync by default).
 """
 
 from __future__ import annotations
@@ -135,17 +136,21 @@ def main() -> None:
     p.add_argument("--latency", type=float, nargs=2, default=[0.01, 1.0], metavar=("LO", "HI"))
     p.add_argument("--workers", type=int, default=2, help="CPU workers (cpu device)")
     p.add_argument("--staleness", type=int, default=2, help="async mode's max_staleness")
+    p.add_argument("--modes", nargs="+", default=["sync", "one_step_off", "async"],
+                   choices=["sync", "one_step_off", "async"], help="the first one is the reference (x sync)")
     p.add_argument("--split", action="store_true", help="also async with trainer.placement=split (one rollout "
                    "worker; on one GPU it gets half of it, the train worker the other half)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="async-bench-"))
     base = _setup(args, tmp)
-    rows = {"sync": run_mode(base, "sync", 0, tmp), "one_step_off": run_mode(base, "one_step_off", 1, tmp),
-            f"async(k={args.staleness})": run_mode(base, "async", args.staleness, tmp)}
+    rows = {}
+    for mode in args.modes:
+        k = {"sync": 0, "one_step_off": 1, "async": args.staleness}[mode]
+        rows[f"async(k={k})" if mode == "async" else mode] = run_mode(base, mode, k, tmp)
     if args.split:
         split = ["trainer.placement=split", *(["trainer.rollout_gpus_per_worker=0.5"] if args.device == "cuda" else [])]
         rows[f"async(k={args.staleness}) split"] = run_mode(base, "async", args.staleness, tmp, split)
-    sync = rows["sync"]["trajectories_per_s"]
+    sync = next(iter(rows.values()))["trajectories_per_s"]
     print(f"\n{'mode':<22}{'traj/s':>9}{'x sync':>8}{'step s':>8}{'wait s':>8}{'update s':>9}{'lag':>5}{'reward':>8}")
     for name, r in rows.items():
         print(f"{name:<22}{r['trajectories_per_s']:>9.2f}{r['trajectories_per_s'] / sync:>8.2f}{r['step_s']:>8.2f}"

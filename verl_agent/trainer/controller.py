@@ -33,7 +33,7 @@ from verl_agent.trainer.worker import AdvantageResult, RolloutResult, TrainWorke
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerGroup", "WorkerFailure", "init_ray", "shard_list", "shard_sizes", "unshard"]
+__all__ = ["WorkerGroup", "WorkerFailure", "cpus_needed", "init_ray", "shard_list", "shard_sizes", "unshard"]
 
 T = TypeVar("T")
 
@@ -42,8 +42,11 @@ class WorkerFailure(RuntimeError):
     """A worker died or a worker call raised; the message names the call and the rank."""
 
 
-def init_ray(address: str | None) -> bool:
+def init_ray(address: str | None, min_cpus: int = 1) -> bool:
     """Join Ray at `address` ('auto' = a running cluster) or start a local one; True if we started it.
+
+    A local instance gets at least `min_cpus` logical CPUs (one per worker actor, see `cpus_needed`), so a
+    split placement with more actors than cores still starts on a small machine (the cores are shared).
 
     With no address (and no $RAY_ADDRESS) we always start a fresh local instance: Ray's own default
     would join whatever cluster `/tmp/ray/ray_current_cluster` names, and a stale file left by a dead
@@ -57,9 +60,17 @@ def init_ray(address: str | None) -> bool:
     if address == "local":
         os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "ray"))
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address=address, include_dashboard=False, log_to_driver=True,
+    local = {"num_cpus": max(os.cpu_count() or 1, min_cpus)} if address == "local" else {}
+    ray.init(address=address, include_dashboard=False, log_to_driver=True, **local,
              runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false"}})
     return True
+
+
+def cpus_needed(cfg: Any) -> int:
+    """Logical CPUs the workers of `cfg` ask Ray for on one node (CPU training; the split rollout workers)."""
+    t = cfg.trainer
+    train = t.n_gpus_per_node if t.n_gpus_per_node > 0 else t.num_cpu_workers // t.nnodes
+    return train + (t.rollout_workers if t.placement == "split" else 0)
 
 
 def shard_sizes(n: int, k: int) -> list[int]:

@@ -35,7 +35,7 @@ from verl_agent.config import RunConfig, save_config
 from verl_agent.rollout.metrics import summarize
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.algorithms import make_kl_controller
-from verl_agent.trainer.controller import WorkerGroup, init_ray
+from verl_agent.trainer.controller import WorkerGroup, cpus_needed, init_ray
 from verl_agent.trainer.tracking import Tracker, timer
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def train(cfg: RunConfig) -> TrainResult:
     val_samples = load_split(cfg.data, "val") if cfg.data.val_files else []
     n_mini = max(1, cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
     kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
-    started_ray = init_ray(t.ray_address)
+    started_ray = init_ray(t.ray_address, min_cpus=cpus_needed(cfg))
     group, tracker, step, last_ckpt = None, None, 0, None
     result = TrainResult(run_dir=run_dir, steps=total)
     try:
