@@ -1,5 +1,6 @@
 """trainer.placement=split end to end (real Ray, gloo, FSDP2, tiny model): the engines run in their own
-RolloutWorker actors. One rollout worker feeding one train rank is the colocated run step for step; with
+RolloutWorker actors. One rollout worker feeding one train rank is the colocated run step for step, also
+across a resume from a checkpoint; with
 2 train ranks and 1 rollout worker the groups reach the ranks through the object store, async training
 trains every sample exactly once, and a weight sync leaves every engine with the actor's weights.
 """
@@ -24,11 +25,15 @@ def _trained_uids(run) -> list[str]:
             for line in path.open()]
 
 
-def test_one_rollout_worker_for_one_train_rank_is_the_colocated_run(ray_cluster, make_cfg, tmp_path):
-    base = [*FAST, "trainer.num_cpu_workers=1"]
-    colocated = train(make_cfg(*base, run_dir=tmp_path / "colocated"))
-    split = train(make_cfg(*base, "trainer.placement=split", run_dir=tmp_path / "split"))
-    for a, b in zip(colocated.history, split.history, strict=True):
+def test_one_rollout_worker_for_one_train_rank_is_the_colocated_run_and_resumes_exactly(ray_cluster, make_cfg,
+                                                                                         tmp_path):
+    base = [*FAST, "trainer.num_cpu_workers=1", "trainer.save_freq=1"]
+    colocated = train(make_cfg(*base, "trainer.total_training_steps=3", run_dir=tmp_path / "colocated"))
+    split = [*base, "trainer.placement=split"]
+    first = train(make_cfg(*split, "trainer.total_training_steps=2", run_dir=tmp_path / "split"))
+    resumed = train(make_cfg(*split, "trainer.total_training_steps=3", run_dir=tmp_path / "split"))
+    assert resumed.resumed_from == 2  # the rollout worker got the checkpoint's weights from the train rank
+    for a, b in zip(colocated.history, first.history + resumed.history, strict=True):
         assert a["rollout/reward/mean"] == b["rollout/reward/mean"]
         assert a["rollout/model_tokens_total"] == b["rollout/model_tokens_total"]  # the same samples
         assert a["actor/pg_loss"] == pytest.approx(b["actor/pg_loss"], rel=1e-4, abs=1e-6)
