@@ -332,7 +332,8 @@ class TrainerConfig(Section):
     max_staleness: int = Field(1, ge=0, description="async: batches fed ahead of training = the largest policy-"
                                "version lag allowed; older groups are dropped (counted) and rolled out again")
     partial_rollout: bool = Field(True, description="async: on a weight update, trajectories pause at a token "
-                                  "boundary (a turn boundary on engines without Engine.interrupt) and continue "
+                                  "boundary (hf continuous scheduler, sglang; a turn boundary on engines without "
+                                  "Engine.interrupt) and continue "
                                   "under the new weights (each token records its version); false: started "
                                   "trajectories finish under the old weights first")
     placement: Literal["colocated", "split"] = Field(

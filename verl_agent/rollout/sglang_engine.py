@@ -6,7 +6,8 @@ separate venv, since SGLang pins its own torch). Endpoints used: ``/generate`` (
 output ids + log-probs out), ``/begin_weight_update`` + ``/update_weights_from_tensor`` +
 ``/end_weight_update`` (tensors shared by handle: CUDA IPC on a GPU, shared memory on CPU),
 ``/update_weights_from_disk`` (fallback, or a server on another host with a shared disk),
-``/release_memory_occupation`` / ``/resume_memory_occupation``, ``/flush_cache``, ``/health``,
+``/release_memory_occupation`` / ``/resume_memory_occupation``, ``/abort_request`` (`interrupt`:
+every request in flight returns its tokens so far), ``/flush_cache``, ``/health``,
 ``/health_generate``, ``/server_info``. The request bodies are built by the module-level
 ``*_payload`` functions; tests validate each against SGLang's own ``io_struct`` classes.
 
@@ -344,6 +345,14 @@ class SGLangEngine:
         """Load weights from a checkpoint directory the server can read."""
         await self.start()
         await self._call("POST", "/update_weights_from_disk", disk_payload(path, load_format))
+
+    async def interrupt(self) -> bool:
+        """End every request in flight at its next token boundary (``/abort_request`` with abort_all): each
+        ``/generate`` returns the tokens and log-probs it has, finish_reason "abort" (see `Engine`). Every
+        request on the server ends: the trainer owns its server; do not call it on a shared one."""
+        await self.start()
+        await self._call("POST", "/abort_request", {"abort_all": True})
+        return True
 
     async def release_session(self, session: str) -> None:
         """Nothing to free: the radix cache evicts prefixes least-recently-used on its own."""
