@@ -40,10 +40,12 @@ def test_one_rollout_worker_for_one_train_rank_is_the_colocated_run_and_resumes_
     assert _trained_uids(tmp_path / "colocated") == _trained_uids(tmp_path / "split")
 
 
-def test_async_split_trains_every_sample_once(ray_cluster, make_cfg, tmp_path):
+def test_async_split_trains_every_sample_once_and_validates(ray_cluster, make_cfg, tmp_path):
     run = tmp_path / "run"
-    result = train(make_cfg(*FAST, "trainer.placement=split", "trainer.mode=async", "trainer.max_staleness=1",
-                            "trainer.total_training_steps=3", run_dir=run))
+    result = train(make_cfg("data.max_response_length=48", "trainer.placement=split", "trainer.mode=async",
+                            "trainer.max_staleness=1", "trainer.total_training_steps=3", run_dir=run))
+    assert result.val_after["val/num_trajectories"] == 32  # held-out rollouts ran on the rollout worker
+    assert len((run / "trajectories" / "val_step_3.jsonl").read_text().splitlines()) == 32
     assert [m["rollout/num_trajectories"] for m in result.history] == [16.0] * 3  # 4 prompts x n=4 per step
     assert all(m["rollout/policy_lag/max"] <= 1 for m in result.history)
     uids = _trained_uids(run)
