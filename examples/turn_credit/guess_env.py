@@ -1,17 +1,24 @@
 """Higher/lower with a state you can read: the environment of the turn-credit example.
 
-The secret is an integer in [low, high]; the model has `max_guesses` guesses. After a wrong guess the
+The secret is an integer in [low, high]; the player has `max_guesses` guesses. After a wrong guess the
 reply names the whole state, "Too low. It is from 9 to 15. 3 guesses left.", so equal replies mean
-equal states (GiGPO's anchor states), and `info["state_key"]` names the state too.
+equal states (GiGPO's anchor states), and `info["state_key"]` names the state too. With `rounds` > 1 a
+match is that many games in a row, each with its own secret: the next round starts when one ends, won or
+lost ("... Round 2 of 2. Guess my number from 1 to 7. 3 guesses left."), and state keys carry the round
+("2:1-7-3").
 
-Reward per turn (the env's step reward, the turn's score):
-- `shaping` x (candidates the guess ruled out) / (high - low + 1): a guess near the middle of the
-  interval rules out the most; a guess outside it rules out nothing. Over an episode this sums to
-  less than `shaping`, plus `shaping` x (the candidates left) on the winning guess, so
-- a won episode scores 1 + shaping in total and a lost one less than `shaping` (success = reward >= 1).
-With `shaping: 0` the reward is 1 on the winning guess only (outcome only).
+Reward per turn (the env's step reward, the turn's score), divided by `rounds` (each round is worth 1/rounds):
+- scoring "halving" (the example's): `shaping` x balance(guess), balance = how evenly the guess splits
+  the interval the last reply named (1 at the middle, 0 at either end, 0 outside the interval or for no
+  number); the winning guess earns 1 on top. A guess is scored on its own, whatever the other turns did.
+- scoring "ruled_out" (the default; the example's first version): `shaping` x (candidates the guess
+  ruled out) / (high - low + 1); over a game this sums to less than `shaping`, plus `shaping` x (the
+  candidates left) on the winning guess.
+The constructor checks that a match with a lost round scores under 1 and a won one at least 1, so
+success (reward >= 1) = every round won. With `shaping: 0` the reward is 1/rounds per won round only.
 
-Binary search wins every game of 1..15 in 4 guesses; guessing uniformly inside the interval wins 60 %.
+Binary search wins every game of 1..7 in 3 guesses (and of 1..15 in 4); guessing uniformly inside the
+interval wins 67 % (60 %) of the games, so 46 % of two-round matches of 1..7.
 """
 
 from __future__ import annotations
