@@ -30,6 +30,7 @@ ENDPOINTS = {
     "/resume_memory_occupation": "ResumeMemoryOccupationReqInput",
     "/begin_weight_update": "BeginWeightUpdateReqInput",
     "/end_weight_update": "EndWeightUpdateReqInput",
+    "/abort_request": "AbortReq",
     "/flush_cache": None, "/health": None, "/health_generate": None, "/server_info": None,
 }  # fmt: skip
 
@@ -90,6 +91,7 @@ def test_payloads_validate_against_sglang_request_classes(tmp_path):
         ("ResumeMemoryOccupationReqInput", se.memory_payload(["weights"])),
         ("BeginWeightUpdateReqInput", {"selector": "all"}),
         ("EndWeightUpdateReqInput", {}),
+        ("AbortReq", se.abort_payload()),
     ]
     report = validate(tmp_path, bodies)
     assert all(r["ok"] for r in report), report
@@ -106,5 +108,6 @@ def test_validation_is_real_bad_bodies_are_rejected(tmp_path):
         ("GenerateReqInput", {**good, "sampling_params": {**good["sampling_params"], "bogus": 1}}),
         ("UpdateWeightFromDiskReqInput", {"load_format": None}),
         ("ReleaseMemoryOccupationReqInput", {"tags": "weights"}),
+        ("AbortReq", {"abort_all": "maybe"}),
     ]
     assert not any(r["ok"] for r in validate(tmp_path, bad))

@@ -44,7 +44,8 @@ from verl_agent.rollout.engine import GenerateOutput, SamplingParams
 
 __all__ = [
     "SGLangEngine", "SGLangError", "SUPPORTED_SGLANG_VERSIONS",
-    "generate_payload", "tensor_payload", "disk_payload", "memory_payload", "parse_generate_response",
+    "abort_payload", "generate_payload", "tensor_payload", "disk_payload", "memory_payload",
+    "parse_generate_response",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,11 @@ def parse_generate_response(data: Mapping[str, Any]) -> GenerateOutput:
         raise SGLangError("/generate", 200, f"logprob token ids {[p[1] for p in pairs]} != output_ids {ids}")
     reason = finish if finish in ("stop", "length") else "abort"
     return GenerateOutput(token_ids=ids, logprobs=[float(p[0]) for p in pairs], finish_reason=reason)
+
+
+def abort_payload() -> dict[str, Any]:
+    """Body of ``POST /abort_request`` (sglang AbortReq): every request in flight."""
+    return {"abort_all": True}
 
 
 def tensor_payload(named_tensors: list[tuple[str, torch.Tensor]], tp_size: int = 1, flush: bool = True) -> dict:
@@ -351,7 +357,7 @@ class SGLangEngine:
         ``/generate`` returns the tokens and log-probs it has, finish_reason "abort" (see `Engine`). Every
         request on the server ends: the trainer owns its server; do not call it on a shared one."""
         await self.start()
-        await self._call("POST", "/abort_request", {"abort_all": True})
+        await self._call("POST", "/abort_request", abort_payload())
         return True
 
     async def release_session(self, session: str) -> None:
