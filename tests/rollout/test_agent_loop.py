@@ -180,6 +180,23 @@ async def test_interaction_turns_and_reward(chat_tokenizer, rollout_cfg):
     assert GuessInteraction.finalized == 2
 
 
+async def test_an_empty_reply_is_the_policys_turn_not_an_infra_failure(chat_tokenizer, rollout_cfg):
+    """The template renders an empty assistant message as "<|im_start|>assistant<|im_end|>" (no newline, as
+    Qwen2.5's does), not a continuation of the generation prompt; the observation still follows exactly."""
+    tok = chat_tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = scripted_engine(tok, ["", "It is 444."])
+    s = sample(interaction_kwargs={"name": "guess"})
+    traj = (await loop(tok, engine, rollout_cfg, interactions={"guess": GuessInteraction({"name": "guess"})})
+            .run([s], 1, SP)).trajectories[0]  # fmt: skip
+    assert traj.outcome == "ok" and traj.stop_reason == "interaction_done" and traj.reward == 1.0
+    first = traj.turns[0]
+    assert traj.response_ids[first.gen_start : first.gen_end] == [eos]  # the whole empty reply
+    obs = tok.decode(traj.response_ids[first.gen_end : first.obs_end])
+    assert obs == "\n<|im_start|>user\nWrong answer, please try again.<|im_end|>\n<|im_start|>assistant\n"
+    assert_mask(traj, eos)
+
+
 async def test_failures_stay_in_their_trajectory(chat_tokenizer, rollout_cfg):
     tok = chat_tokenizer
 

@@ -263,14 +263,17 @@ class AgentLoop:
 
         The parsed assistant message normally renders exactly as generated; when it does not
         (e.g. an unparsable call left no content), the raw generated text stands in for it:
-        only the text after its end-of-turn token is used, so either gives the same ids.
+        only the text after its end-of-turn token is used, so either gives the same ids. An empty
+        reply (only the end-of-turn token) stands in as a space: ChatML templates in the Qwen2.5
+        style render an empty assistant message without the generation prompt's newline, which
+        is no longer a prefix of what was generated.
         """
         from verl_agent.chat import ChatTemplateError
 
         try:
             return list(ep.encoder.encode_observation(ep.messages, new))
         except ChatTemplateError:
-            raw = [*ep.messages[:-1], Message(role="assistant", content=ep.last_text)]
+            raw = [*ep.messages[:-1], Message(role="assistant", content=ep.last_text or " ")]
             return list(ep.encoder.encode_observation(raw, new))
 
     async def _generate(self, ep: _Episode, sp: SamplingParams) -> Turn:
