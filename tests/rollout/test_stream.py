@@ -126,6 +126,7 @@ async def test_partial_rollout_at_a_token_boundary_records_the_version_of_every_
     from rollout_helpers import random_qwen2
 
     from verl_agent.rollout.hf_engine import HFEngine
+    from verl_agent.rollout.metrics import summarize
     from verl_agent.rollout.records import trajectory_record
 
     engine = HFEngine(random_qwen2(vocab=len(chat_tokenizer)), stop_on_eos=False, max_model_len=512)
@@ -154,4 +155,5 @@ async def test_partial_rollout_at_a_token_boundary_records_the_version_of_every_
         cut += 0 < k < n
     # every turn in flight at the update was cut mid-way (all 6 were decoding a few steps before)
     assert cut == inner.metrics()["engine/requests_interrupted"] >= 3
+    assert summarize([t for g in groups for t in g.trajectories])["rollout/turns_cut_by_update"] == cut
     await engine.close()

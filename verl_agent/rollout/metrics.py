@@ -43,6 +43,7 @@ class TrajectorySummary:
     model_tokens: int
     seconds: float
     oldest_version: int = 0
+    turns_cut: int = 0  # turns whose tokens span a weight update (partial rollout at a token boundary)
     extra: dict[str, float] = field(default_factory=dict)  # namespaced per-trajectory metrics, e.g. proxy/*, agent/*
 
     @classmethod
@@ -54,6 +55,7 @@ class TrajectorySummary:
                    num_tool_errors=float(m.get("num_tool_errors", 0.0)), response_length=len(t.response_ids),
                    prompt_length=len(t.prompt_ids), model_tokens=t.num_model_tokens,
                    seconds=float(m.get("seconds", 0.0)), oldest_version=t.oldest_version,
+                   turns_cut=sum(turn.token_versions is not None for turn in t.turns),
                    extra={k: float(v) for k, v in m.items() if "/" in k and isinstance(v, (int, float))})  # fmt: skip
 
 
@@ -85,6 +87,7 @@ def summarize(trajectories: RolloutBatch | Iterable[Trajectory | TrajectorySumma
         "rollout/tool_calls_total": calls,
         "rollout/tool_errors_per_call": sum(t.num_tool_errors for t in trajs) / max(1.0, calls),
         "rollout/model_tokens_total": float(sum(t.model_tokens for t in trajs)),
+        "rollout/turns_cut_by_update": float(sum(t.turns_cut for t in trajs)),
     }
     for (outcome, cause), count in Counter((t.outcome, t.cause) for t in trajs if t.cause).items():
         if outcome in ("infra_failure", "policy_failure"):
