@@ -161,11 +161,12 @@ class SGLangEngine:
         disk_dir: str | None = None,
         request_timeout: float = 600.0,
         startup_timeout: float = 300.0,
+        startup_retries: int = 1,
     ) -> None:
         if weight_sync not in ("tensor", "disk"):
             raise ValueError(f"SGLangEngine weight_sync must be 'tensor' or 'disk', got {weight_sync!r}")
         self.weight_sync, self.bucket_bytes, self.disk_dir = weight_sync, bucket_bytes, disk_dir
-        self._timeout, self._startup_timeout = request_timeout, startup_timeout
+        self._timeout, self._startup_timeout, self._startup_retries = request_timeout, startup_timeout, startup_retries
         self.model_path = str(model_path) if model_path is not None else None
         self.process: subprocess.Popen | None = None
         self.log_path: str | None = None
@@ -174,7 +175,8 @@ class SGLangEngine:
                 raise ValueError("SGLangEngine needs url=... (attach) or model_path=... with launch=True")
             port = port or _free_port()
             url = f"http://{host}:{port}"
-            self._launch(python or os.environ.get("SGLANG_PYTHON", sys.executable), host, port, extra_args, env)
+            self._launch_args = (python or os.environ.get("SGLANG_PYTHON", sys.executable), host, extra_args, env)
+            self._launch(self._launch_args[0], host, port, extra_args, env)
         self.url = url.rstrip("/")
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
@@ -192,6 +194,18 @@ class SGLangEngine:
         self.process = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         env={**os.environ, **(env or {})}, start_new_session=True)  # fmt: skip
         os.close(fd)
+
+    def _relaunch(self) -> None:
+        """A launch that never became healthy (SGLang 0.5.23 on CPU once hung for minutes while loading a
+        tiny model): stop it and launch again on a fresh port, once per `startup_retries`."""
+        logger.warning("SGLang server at %s not healthy after %s s; relaunching. Log tail:\n%s", self.url,
+                       self._startup_timeout, self._log_tail(1500))
+        self._startup_retries -= 1
+        self.shutdown()
+        python, host, extra, env = self._launch_args
+        port = _free_port()
+        self.url, self._client = f"http://{host}:{port}", None
+        self._launch(python, host, port, extra, env)
 
     def _log_tail(self, n: int = 4000) -> str:
         if self.log_path is None or not os.path.exists(self.log_path):
@@ -241,7 +255,10 @@ class SGLangEngine:
             except httpx.HTTPError:
                 pass
             if loop.time() > deadline:
-                raise SGLangError("/health", None, f"not healthy after {self._startup_timeout} s\n{self._log_tail()}")
+                if self.process is None or self._startup_retries < 1:
+                    raise SGLangError("/health", None, f"not healthy after {self._startup_timeout} s\n{self._log_tail()}")
+                self._relaunch()
+                deadline = loop.time() + self._startup_timeout
             await asyncio.sleep(1.0)
         info = await self._call("GET", "/server_info")
         self._info = info if isinstance(info, dict) else {}
