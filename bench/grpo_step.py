@@ -11,7 +11,7 @@ tokens, temperature 1, fp32 master weights with bf16 compute, gradient checkpoin
 
 Our side runs through the public API only: `load_config(path, overrides)` -> `train(cfg)` -> the
 per-step `time/*` metrics of `TrainResult.history`. Step 1 is reported as "first"; "warm" is the mean
-of the later steps. Peak GPU memory is sampled with nvidia-smi (all processes), peak host RSS by
+of the later steps (but the one --profile-step names: the profiler slows it). Peak GPU memory is sampled with nvidia-smi (all processes), peak host RSS by
 summing /proc RSS of this process and all its descendants (Ray's workers included) every 0.25 s.
 MFU of the update = 6 x parameters x trained tokens / update seconds / 989 TFLOP/s (H200 dense bf16).
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -164,6 +165,8 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
 
     common = [f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false",
               "trainer.logger=[console]", f"trainer.default_local_dir={work / 'run'}", "trainer.resume_mode=disable"]
+    if args.profile_step:
+        common.append(f"trainer.profile_steps=[{args.profile_step}]")
     if args.shape == "tiny":
         cfg = load_config("examples/calculator/config.yaml", common + ["data.val_files=[]"] + args.set)
     else:
@@ -193,6 +196,8 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
                 if (work / "run" / "metrics.jsonl").is_file() else []
             hist = [r for r in rows if "time/step" in r]
     total = time.perf_counter() - t0
+    if args.profile_step and (work / "run" / "profile").is_dir():  # the run dir is temporary: keep the profiles
+        shutil.copytree(work / "run" / "profile", args.profile_dir / args.shape, dirs_exist_ok=True)
     out = {"total_s": total, "steps": len(hist), "peak_gpu_gib": peaks.gpu_mib / 1024,
            "peak_rss_gib": peaks.rss / 2**30, "peak_rss_one_process_gib": peaks.rss_one / 2**30,
            "export_ok": export_ok, "error": error,
@@ -200,7 +205,8 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
     for ph in PHASES:
         vals = [h.get(f"time/{ph}", 0.0) for h in hist]
         out[f"first_{ph}"] = vals[0] if vals else 0.0
-        out[f"warm_{ph}"] = sum(vals[1:]) / max(1, len(vals) - 1)
+        warm = [v for i, v in enumerate(vals[1:], start=2) if i != args.profile_step]  # profiling slows its step
+        out[f"warm_{ph}"] = sum(warm) / max(1, len(warm))
     last = hist[-1] if hist else {}
     n = last.get("rollout/num_trajectories", 0.0)
     out["tokens_per_step"] = n * (last.get("rollout/prompt_length/mean", 0.0)
@@ -315,6 +321,8 @@ def main() -> None:
     p.add_argument("--trl-first", action="store_true", help="run TRL before ours")
     p.add_argument("--set", nargs="*", default=[], help="extra dotted overrides of our config")
     p.add_argument("--json", type=Path, default=None, help="also write the JSON result here")
+    p.add_argument("--profile-step", type=int, default=0, help="profile this step (trainer.profile_steps)")
+    p.add_argument("--profile-dir", type=Path, default=Path("profile"), help="where the profiles are copied")
     p.add_argument("--model-dir", type=Path, default=None, help="where the random model is written (default: tmp)")
     args = p.parse_args()
     args.device = args.device or ("cpu" if args.shape == "tiny" else "cuda")

@@ -53,10 +53,16 @@ def test_dying_worker_stops_run_with_clear_error_and_intact_checkpoint(ray_clust
     assert not list((run / "checkpoints").glob("*.tmp"))
 
 
-def test_ppo_with_critic_completes(ray_cluster, make_cfg, dev_model_path):
+def test_ppo_with_critic_completes(ray_cluster, make_cfg, dev_model_path, tmp_path):
+    """Also: trainer.profile_steps=[2] writes each rank's torch.profiler table and trace for step 2 only."""
     result = train(make_cfg(*FAST, f"actor_rollout_ref.model.path={dev_model_path}", "algorithm.adv_estimator=gae",
                             "algorithm.lam=0.95", "critic.optim.lr=1e-3", "trainer.total_training_steps=2",
-                            "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.optim.lr_warmup_steps=2"))
+                            "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
+                            "trainer.profile_steps=[2]", run_dir=tmp_path / "run"))
+    profiles = sorted(p.name for p in (tmp_path / "run" / "profile").iterdir())
+    assert profiles == ["step_2_rank0.json.gz", "step_2_rank0.txt", "step_2_rank1.json.gz", "step_2_rank1.txt"]
+    table = (tmp_path / "run" / "profile" / "step_2_rank0.txt").read_text()
+    assert "aten::mm" in table and "Self CPU" in table  # the update's matmuls are among the top ops
     assert len(result.history) == 2
     assert result.history[0]["actor/lr"] == pytest.approx(0.5 * result.history[1]["actor/lr"])  # linear warmup
     for m in result.history:

@@ -231,6 +231,13 @@ class WorkerGroup:
     def check_sync(self, prompts: list[list[int]]) -> list[float]:
         return self._get([w.check_sync.remote(prompts) for w in self.workers], "check_sync")
 
+    def start_profile(self) -> None:
+        self._get([w.start_profile.remote() for w in self.workers], "start_profile")
+
+    def stop_profile(self, out_dir: str, step: int) -> list[str]:
+        """Each train rank's top-ops table (paths); Chrome traces beside them."""
+        return self._get([w.stop_profile.remote(out_dir, step) for w in self.workers], "stop_profile")
+
     def save_checkpoint(self, path: str) -> None:
         self._get([w.save_checkpoint.remote(path) for w in self.workers], "save_checkpoint")
 

@@ -102,6 +102,9 @@ def train(cfg: RunConfig) -> TrainResult:
         for step in bar:
             m: dict[str, Any] = {}
             bytes0 = group.bytes_moved
+            profiling = step in (t.profile_steps or [])
+            if profiling:
+                group.start_profile()
             with timer("step", m):
                 with timer("rollout", m):
                     feeder.fill(step)  # sync: this step's batch; one_step_off / async: also the next ones
@@ -129,6 +132,8 @@ def train(cfg: RunConfig) -> TrainResult:
                         m.update(_mean_over_ranks(per_rank, prefix="actor/"))
                 with timer("weight_sync", m):  # also after a skipped update: it wakes the engine and bumps the version
                     m["time/weight_sync_worker"] = group.sync_weights(version=step)
+            if profiling:
+                logger.info("step %d profile: %s", step, ", ".join(group.stop_profile(str(run_dir / "profile"), step)))
             m.setdefault("actor/kl", m.get("actor/ppo_kl", 0.0))
             m["perf/driver_bytes"] = float(group.bytes_moved - bytes0)
             if (t.save_freq > 0 and step % t.save_freq == 0) or step == total:

@@ -391,6 +391,29 @@ class TrainWorker:
         engine = [torch.tensor(o.logprobs) for o in outs if o.token_ids]
         return max(float((a.cpu() - b).abs().max()) for a, b in zip(logp, engine))
 
+    # -- profiling (trainer.profile_steps) --------------------------------------------------------
+
+    def start_profile(self) -> None:
+        """torch.profiler over everything this rank does (CUDA kernels included) until stop_profile."""
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._profiler = profile(activities=activities)
+        self._profiler.__enter__()
+
+    def stop_profile(self, out_dir: str, step: int) -> str:
+        """Write the top ops (by self device time on GPU, self CPU time on CPU) and the Chrome trace."""
+        prof, self._profiler = self._profiler, None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        prof.__exit__(None, None, None)
+        out = Path(out_dir) / f"step_{step}_rank{self.rank}"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        key = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        out.with_suffix(".txt").write_text(prof.key_averages().table(sort_by=key, row_limit=40))
+        prof.export_chrome_trace(str(out.with_suffix(".json.gz")))
+        return str(out.with_suffix(".txt"))
+
     # -- checkpoints / export (collective) --------------------------------------------------------
 
     def save_checkpoint(self, path: str) -> None:
