@@ -5,8 +5,8 @@
   python bench/grpo_step.py --shape tiny --device cpu    # the CPU demo's step (examples/calculator, 2 gloo workers)
 
 Shapes: 0.5b and 7b are Qwen2-0.5B / Qwen2-7B configurations with random weights (bf16 on disk) and a
-word-level tokenizer of the same vocabulary size ("w123" is one token), so a 128-word prompt is 128
-tokens and the model's random output decodes to words. Both trainers: 8 prompts x 8 samples, 256 new
+character-level tokenizer of the same vocabulary size (`char_tokenizer`), so a prompt of 128 letters is
+128 tokens (plus the chat template's ~45) on both sides. Both trainers: 8 prompts x 8 samples, 256 new
 tokens, temperature 1, fp32 master weights with bf16 compute, gradient checkpointing, no KL (beta 0).
 
 Our side runs through the public API only: `load_config(path, overrides)` -> `train(cfg)` -> the
@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import string
 import subprocess
 import sys
 import tempfile
@@ -49,27 +50,34 @@ def bench_reward(generated_text: str, ground_truth: str) -> float:
 # -- model + data ---------------------------------------------------------------------------------
 
 
-def word_tokenizer(vocab_size: int):
-    """A word-level tokenizer with ChatML specials and exactly vocab_size ids."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def char_tokenizer(vocab_size: int):
+    """A byte-level BPE without merges (one token per character), ChatML specials, exactly vocab_size ids.
+
+    transformers 5 loads a Qwen2 model's tokenizer as Qwen2Tokenizer whatever tokenizer.json says, with
+    Qwen2's pre-tokenizer: a byte-level vocabulary without merges tokenizes the same way under both, so
+    a prompt of N letters is N tokens on our side and on TRL's. The ids above the byte alphabet are
+    fillers ("w123") that the random model may sample."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from verl_agent.models.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, TOOL_TAGS
 
-    fixed = list(SPECIAL_TOKENS) + list(TOOL_TAGS) + ["<unk>", "system", "user", "assistant", "tool"]
-    vocab = {t: i for i, t in enumerate(fixed)}
-    vocab.update({f"w{i}": i for i in range(len(fixed), vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    vocab = {t: i for i, t in enumerate(list(SPECIAL_TOKENS) + list(TOOL_TAGS))}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab.setdefault(ch, len(vocab))
+    vocab.update({f"w{i}": i for i in range(len(vocab), vocab_size)})
+    tok = Tokenizer(models.BPE(vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL_TOKENS[2], pad_token=SPECIAL_TOKENS[0],
-                                   unk_token="<unk>", model_max_length=32768)
+                                   model_max_length=32768)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
 def build_model_dir(shape: str, root: Path, device: str) -> Path:
-    """Random-weight Qwen2 of the given shape + word tokenizer, saved in bf16 (initialised on the device)."""
+    """Random-weight Qwen2 of the given shape + character tokenizer, saved in bf16 (initialised on the device)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -79,20 +87,20 @@ def build_model_dir(shape: str, root: Path, device: str) -> Path:
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(out)
-    word_tokenizer(cfg.vocab_size).save_pretrained(out)
+    char_tokenizer(cfg.vocab_size).save_pretrained(out)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
     return out
 
 
-def write_prompts(path: Path, rows: int, words: int, vocab: int, seed: int = 0) -> Path:
+def write_prompts(path: Path, rows: int, chars: int, seed: int = 0) -> Path:
     import random
 
     rng = random.Random(seed)
     with path.open("w") as f:
         for i in range(rows):
-            f.write(json.dumps({"prompt": " ".join(f"w{rng.randrange(16, vocab)}" for _ in range(words)),
+            f.write(json.dumps({"prompt": "".join(rng.choice(string.ascii_lowercase) for _ in range(chars)),
                                 "answer": str(i)}) + "\n")
     return path
 
@@ -170,11 +178,10 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
     if args.shape == "tiny":
         cfg = load_config("examples/calculator/config.yaml", common + ["data.val_files=[]"] + args.set)
     else:
-        data = write_prompts(work / "prompts.jsonl", args.prompts * args.steps, args.prompt_len,
-                             SHAPES[args.shape]["vocab_size"])
+        data = write_prompts(work / "prompts.jsonl", args.prompts * args.steps, args.prompt_len)
         cfg = load_config(None, common + [
             f"data.train_files=[{data}]", f"data.train_batch_size={args.prompts}",
-            f"data.max_prompt_length={args.prompt_len + 32}", f"data.max_response_length={args.new_tokens}",
+            f"data.max_prompt_length={args.prompt_len + 64}", f"data.max_response_length={args.new_tokens}",
             f"data.reward_fn={Path(__file__).resolve()}:bench_reward",
             f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.dtype=float32",
             "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.rollout.dtype=bfloat16",
@@ -226,7 +233,7 @@ def run_trl(args, model_dir: Path, work: Path) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     rows = [json.loads(line) for line in write_prompts(work / "trl.jsonl", args.prompts * args.steps,
-                                                       args.prompt_len, SHAPES[args.shape]["vocab_size"]).open()]
+                                                       args.prompt_len).open()]
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows]  # chat template, as ours
     times: list[float] = []
 

@@ -127,12 +127,14 @@ def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to("cuda").eval()
     res: dict[str, float | str] = {"gpu_name": torch.cuda.get_device_name()}
-    if "generate" in rows:
-        res["gpu_generate_static_tok_s"] = _raw_generate(model, batch, plen, new, static=True)
-    if "continuous" in rows:
-        res["gpu_engine_tok_s"] = _engine_throughput(model, batch, plen, new, "cuda")
-    if "batch" in rows:
-        res["gpu_engine_batch_sched_tok_s"] = _engine_throughput(model, batch, plen, new, "cuda", scheduler="batch")
+    runs = {"generate": ("gpu_generate_static_tok_s", lambda: _raw_generate(model, batch, plen, new, static=True)),
+            "continuous": ("gpu_engine_tok_s", lambda: _engine_throughput(model, batch, plen, new, "cuda")),
+            "batch": ("gpu_engine_batch_sched_tok_s",
+                      lambda: _engine_throughput(model, batch, plen, new, "cuda", scheduler="batch"))}
+    for row in rows.split(","):
+        key, fn = runs[row]
+        res[key] = fn()
+        print(f"# {key}: {res[key]:,.0f}", file=sys.stderr, flush=True)  # progress, in case a time limit cuts the run
     if "gpu_engine_tok_s" in res and "gpu_generate_static_tok_s" in res:
         res["gpu_engine_vs_generate"] = res["gpu_engine_tok_s"] / res["gpu_generate_static_tok_s"]
     return res
