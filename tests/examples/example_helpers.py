@@ -83,6 +83,7 @@ def load_module(path: Path) -> ModuleType:
     """Import an example's script by file path (examples are not packages)."""
     spec = importlib.util.spec_from_file_location(f"example_{path.parent.name}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

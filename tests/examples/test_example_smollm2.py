@@ -11,7 +11,7 @@ import json
 import math
 
 import pytest
-from example_helpers import REPO, example_config
+from example_helpers import REPO, example_config, load_module
 from transformers import AutoTokenizer
 
 from verl_agent.chat import ChatEncoder
@@ -58,3 +58,22 @@ def test_smollm2_example_trains_one_step(smollm2_path: str, tmp_path) -> None:
     step = result.history[0]
     assert result.steps == 1 and step["rollout/num_trajectories"] == 4 and step["rollout/infra_failed"] == 0.0
     assert math.isfinite(step["actor/pg_loss"]) and result.val_after["val/num_trajectories"] == 2
+
+
+def test_tool_call_warm_start_builds_a_loadable_model(smollm2_path: str, tmp_path) -> None:
+    """examples/smollm2_calculator/warm_start.py with a few steps on CPU: the SFT runs on this example's
+    system prompt (the one its RL data uses), and the folder it caches loads and carries its record."""
+    from transformers import AutoModelForCausalLM
+
+    warm = load_module(REPO / "examples/smollm2_calculator/warm_start.py")
+    make_data = load_module(REPO / "examples/smollm2_calculator/make_data.py")
+    row = json.loads((REPO / "examples/smollm2_calculator/data/train.jsonl").open().readline())
+    assert row["prompt"][0] == {"role": "system", "content": make_data.SYSTEM_PROMPT}
+    w = warm.WarmStart(n_problems=16, steps=2, batch_size=2, warmup_steps=1, n_eval=4)
+    path = warm.warm_start(w, cache=tmp_path)
+    assert path.parent == tmp_path and path.name.startswith("smollm2-tools-")
+    info = json.loads((path / "warm_start.json").read_text())
+    assert info["base"] == smollm2_path and info["device"] == "cpu" and info["n_eval"] == 4
+    assert math.isfinite(info["final_loss"]) and 0 <= info["tool_call_rate"] <= 1 and 0 <= info["success_rate"] <= 1
+    assert warm.warm_start(w, cache=tmp_path) == path  # cached: no second build
+    assert AutoModelForCausalLM.from_pretrained(path).num_parameters() == 134_515_008

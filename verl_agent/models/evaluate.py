@@ -56,8 +56,9 @@ def _run_tool(call_args: dict[str, Any]) -> str:
 
 
 def evaluate_rates(model: Any, tokenizer: Any, problems: list[dict[str, Any]], temperature: float = 1.0,
-                   seed: int = 0, batch_size: int = 64) -> Rates:
-    """Tool-call and success rates of `model` on `problems` (rows from make_problems)."""
+                   seed: int = 0, batch_size: int = 64, system_prompt: str | None = None) -> Rates:
+    """Tool-call and success rates of `model` on `problems` (rows from make_problems); `system_prompt`:
+    a system message before each question (default: none, the template's own)."""
     enc = ChatEncoder(tokenizer, tools=[CALCULATOR_TOOL_SCHEMA])
     parser = get_parser("hermes")
     eos, pad = enc.eos_token_ids, tokenizer.pad_token_id
@@ -66,7 +67,8 @@ def evaluate_rates(model: Any, tokenizer: Any, problems: list[dict[str, Any]], t
     calls = wins = 0
     for b in range(0, len(problems), batch_size):
         batch = problems[b : b + batch_size]
-        users = [[Message("user", p["prompt"])] for p in batch]
+        system = [Message("system", system_prompt)] if system_prompt else []
+        users = [[*system, Message("user", p["prompt"])] for p in batch]
         prompts = [enc.encode_prompt(u) for u in users]
         first = _generate(model, prompts, 48, temperature, eos, pad)
         finals = ["" for _ in batch]

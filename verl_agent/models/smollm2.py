@@ -14,22 +14,19 @@ parser reads and the token-exact encoder can extend turn by turn.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
-from verl_agent.models.tiny import cache_root
+from verl_agent.models.tiny import cache_root, cached_build
 from verl_agent.models.tokenizer import CHAT_TEMPLATE as TOOL_CHAT_TEMPLATE
 
 __all__ = ["GGUF_FILE", "WHEEL", "add_cli", "build_smollm2", "chat_template"]
@@ -55,22 +52,7 @@ def _key() -> str:
 def build_smollm2(out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Build (or reuse) the converted model folder; atomic and serialised like the tiny model's build."""
     target = Path(out_dir) if out_dir is not None else cache_root() / f"smollm2-135m-instruct-{_key()}"
-    if (target / _INFO).exists() and not force:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / _INFO).exists() and not force:
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            _convert_into(tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            os.rename(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached_build(target, _INFO, _convert_into, force)
 
 
 def _gguf_path(workdir: Path) -> Path:

@@ -24,15 +24,15 @@ import hashlib
 import json
 import logging
 import os
-import random
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PREBUILT", "TinySettings", "add_cli", "build_tiny", "cache_root", "prebuilt_key", "run_cli"]
+__all__ = ["PREBUILT", "TinySettings", "add_cli", "build_tiny", "cache_root", "cached_build", "prebuilt_key", "run_cli"]
 
 log = logging.getLogger(__name__)
 INFO_FILE = "build_info.json"
@@ -76,24 +76,22 @@ def cache_root() -> Path:
     return Path(os.environ.get("VERL_AGENT_CACHE") or Path.home() / ".cache" / "verl_agent")
 
 
-def build_tiny(out_dir: str | Path | None = None, seed: int = 0, force: bool = False,
-               settings: TinySettings | None = None) -> Path:
-    """Build (or reuse) the tiny model; returns a folder `from_pretrained` can load."""
-    settings = settings or TinySettings()
-    target = Path(out_dir) if out_dir is not None else cache_root() / f"tiny-{settings.key(seed)}"
-    if (target / INFO_FILE).exists() and not force:
+def cached_build(target: Path, marker: str, build: Callable[[Path], None], force: bool = False) -> Path:
+    """`target`, built by `build(tmp_dir)` unless `target/marker` exists (or `force`); returns `target`.
+
+    `build` must write `marker` last. The folder is built in a temporary sibling and renamed into place,
+    so a reader never sees half of it, and a file lock makes concurrent callers wait for one build.
+    """
+    if (target / marker).exists() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same model: wait for it
-        if (target / INFO_FILE).exists() and not force:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same folder: wait for it
+        if (target / marker).exists() and not force:
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            if not force and prebuilt_key() == settings.key(seed):
-                shutil.copytree(PREBUILT, tmp, dirs_exist_ok=True)
-            else:
-                _build_into(tmp, seed, settings)
+            build(tmp)
             if target.exists():
                 shutil.rmtree(target)
             os.rename(tmp, target)
@@ -101,6 +99,21 @@ def build_tiny(out_dir: str | Path | None = None, seed: int = 0, force: bool = F
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def build_tiny(out_dir: str | Path | None = None, seed: int = 0, force: bool = False,
+               settings: TinySettings | None = None) -> Path:
+    """Build (or reuse) the tiny model; returns a folder `from_pretrained` can load."""
+    settings = settings or TinySettings()
+    target = Path(out_dir) if out_dir is not None else cache_root() / f"tiny-{settings.key(seed)}"
+
+    def build(tmp: Path) -> None:
+        if not force and prebuilt_key() == settings.key(seed):
+            shutil.copytree(PREBUILT, tmp, dirs_exist_ok=True)
+        else:
+            _build_into(tmp, seed, settings)
+
+    return cached_build(target, INFO_FILE, build, force)
 
 
 def prebuilt_key() -> str | None:

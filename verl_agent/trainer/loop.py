@@ -65,7 +65,7 @@ def train(cfg: RunConfig) -> TrainResult:
 
     from verl_agent.rollout.build import load_split, train_dataset
 
-    t, rollout_cfg = cfg.trainer, cfg.actor_rollout_ref.rollout
+    t = cfg.trainer
     run_dir = cfg.run_dir
     dataset = train_dataset(cfg.data)
     cfg = _with_total_steps(cfg)
