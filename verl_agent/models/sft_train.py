@@ -107,7 +107,7 @@ def train(model: Any, groups: Groups, s: TinySettings, seed: int,
     sizes = torch.tensor([len(rows) for _, rows in groups], dtype=torch.float)
     model.train()
     losses = []
-    bar = tqdm(range(s.steps), desc="tiny model SFT", leave=False, mininterval=2.0)
+    bar = tqdm(range(s.steps), desc="SFT", leave=False, mininterval=2.0)
     for _ in bar:
         prefix, rows = groups[int(torch.multinomial(sizes, 1, generator=gen))]
         idx = torch.randint(len(rows), (s.batch_size,), generator=gen).tolist()
