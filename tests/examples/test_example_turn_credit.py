@@ -28,9 +28,13 @@ def test_make_data_reproduces_shipped_files(tmp_path):
     assert_data_reproducible(NAME, tmp_path)
     secrets = lambda split: [tuple(json.loads(x)["extra_info"]["interaction_kwargs"]["secrets"])  # noqa: E731
                              for x in (EXAMPLES / NAME / "data" / f"{split}.jsonl").read_text().splitlines()]
-    pairs = [(a, b) for a in range(1, 8) for b in range(1, 8)]
-    assert sorted(secrets("test")) == pairs  # evaluation matches: every pair of secrets once
-    assert sorted(secrets("train")) == sorted(pairs * 2)
+    test, train = secrets("test"), secrets("train")
+    assert len(test) == len(set(test)) == 49 and len(train) == len(set(train)) == 392
+    assert all(len(m) == 4 and all(1 <= s <= 7 for s in m) for m in test + train)
+    assert not set(test) & set(train)  # no evaluation match is trained on
+    for i in range(4):  # evaluation matches: an orthogonal array, every two rounds see every pair of secrets once
+        for j in range(i + 1, 4):
+            assert len({(m[i], m[j]) for m in test}) == 49
 
 
 def test_interaction_yaml_plays_the_game_of_make_data():
@@ -71,7 +75,7 @@ def test_env_rewards_and_state_keys():
 
 
 def test_two_round_match_rewards_each_guess_and_round():
-    """The example's game: 2 rounds of 1..7 in 3 guesses; each guess scores 0.15 x balance / 2, each won round 1 / 2."""
+    """The earlier game of the example: 2 rounds of 1..7 in 3 guesses; each guess scores 0.15 x balance / 2, each won round 1 / 2."""
     from guess_env import HiLoGame, balance
 
     assert [balance(g, 1, 7) for g in range(0, 9)] == pytest.approx([0, 0, 1 / 3, 2 / 3, 1, 2 / 3, 1 / 3, 0, 0])
@@ -107,6 +111,37 @@ def test_two_round_match_rewards_each_guess_and_round():
     won = [s >= 1 for s in scores]
     assert 0.42 < sum(won) / len(won) < 0.50  # the random player the warm start imitates wins ~46 % of matches
     assert max(s for s in scores if s < 1) < 1 <= min(s for s in scores if s >= 1)
+
+
+def test_four_round_match_of_the_example():
+    """The shipped game: 4 rounds of 1..7 in 3 guesses, shaping 0.08; success (reward >= 1) = all 4 rounds won."""
+    import yaml
+    from guess_env import HiLoGame
+    from make_data import evaluation_matches
+
+    kwargs = yaml.safe_load((EXAMPLES / NAME / "interaction.yaml").read_text())["interaction"][0]["config"]["env_kwargs"]
+    env = HiLoGame(**kwargs)
+    obs, _ = env.reset(options={"secrets": [4, 4, 4, 1]})
+    assert obs == "Round 1 of 4. Guess my number from 1 to 7. 3 guesses left."
+    for k in range(3):  # three rounds won at once
+        obs, r, term, _, info = env.step("4")
+        assert not term and r == pytest.approx((1 + 0.08) / 4) and info["state_key"] == f"{k + 2}:1-7-3"
+    assert obs == "Correct! Round 4 of 4. Guess my number from 1 to 7. 3 guesses left."
+
+    def play(secrets, policy) -> float:
+        env.reset(options={"secrets": list(secrets)})
+        total, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(str(policy(env.lo, env.hi)))
+            total, done = total + r, term or trunc
+        return total
+
+    matches = evaluation_matches()
+    assert all(play(m, lambda lo, hi: (lo + hi) // 2) >= 1 for m in matches)  # binary search wins every match
+    rng = random.Random(0)
+    scores = [play(m, lambda lo, hi: rng.randint(lo, hi)) for m in matches for _ in range(100)]
+    assert 0.17 < sum(s >= 1 for s in scores) / len(scores) < 0.25  # the random player wins ~21 % of matches
+    assert max(s for s in scores if s < 1) < 1
 
 
 def test_warm_start_builds_and_caches(tmp_path):
