@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +46,8 @@ class WarmStart:
     seed: int = 0
 
     def key(self, base: str) -> str:
-        blob = json.dumps({**dataclasses.asdict(self), "base": base, "system": system_prompt()}, sort_keys=True)
+        prompt = {"system": system_prompt(), "tools": tool_schemas()}
+        blob = json.dumps({**dataclasses.asdict(self), "base": base, **prompt}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -54,12 +56,21 @@ def system_prompt() -> str:
     return runpy.run_path(str(HERE / "make_data.py"))["SYSTEM_PROMPT"]
 
 
+def tool_schemas() -> list[dict]:
+    """The tool list the RL run renders (config.yaml's tool_config_path), so SFT chats render the same."""
+    from verl_agent.config import load_config
+    from verl_agent.tools.registry import load_tools
+
+    path = load_config(str(HERE / "config.yaml")).actor_rollout_ref.rollout.multi_turn.tool_config_path
+    return [t.get_openai_tool_schema().to_openai() for t in load_tools(REPO / path).values()]
+
+
 def build(out: Path, base: str, w: WarmStart) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verl_agent.chat import ChatEncoder
-    from verl_agent.models.calculator_task import CALCULATOR_TOOL_SCHEMA, make_problems
+    from verl_agent.models.calculator_task import make_problems
     from verl_agent.models.evaluate import evaluate_rates
     from verl_agent.models.sft_data import conversation, decision_rates, encode_conversation
     from verl_agent.models.sft_train import group_by_prefix, train
@@ -71,7 +82,8 @@ def build(out: Path, base: str, w: WarmStart) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
-    rng, enc = random.Random(w.seed), ChatEncoder(tok, tools=[CALCULATOR_TOOL_SCHEMA])
+    tools = tool_schemas()
+    rng, enc = random.Random(w.seed), ChatEncoder(tok, tools=tools)
     p_tool, p_direct = decision_rates(w.tool_fraction, w.tool_call_prior)
     data = []
     for problem in make_problems(w.n_problems, seed=w.seed, split="train"):
@@ -81,7 +93,7 @@ def build(out: Path, base: str, w: WarmStart) -> None:
         data.append(encode_conversation(enc, [system, *chat], train_decision))
     losses = train(model, group_by_prefix(data, tok.convert_tokens_to_ids("<|im_end|>")), w, w.seed)
     rates = evaluate_rates(model, tok, make_problems(w.n_eval, seed=w.seed + 1, split="test"),
-                           seed=w.seed, system_prompt=system.content)
+                           seed=w.seed, system_prompt=system.content, tools=tools)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     info = {"settings": dataclasses.asdict(w), "base": base, "device": device,

@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from verl_agent.tools.calculator import SCHEMA as CALCULATOR_SCHEMA
+
 __all__ = [
     "CALCULATOR_TOOL_SCHEMA",
     "DATA_SOURCE",
@@ -32,18 +34,7 @@ __all__ = [
 
 DATA_SOURCE = "calculator"
 SYSTEM_PROMPT = "You are a helpful assistant. Use the calculator tool for arithmetic."
-CALCULATOR_TOOL_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression, e.g. '(12 + 3) * 4 / 5' or '2 ** 10'.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "The arithmetic expression to evaluate."}},
-            "required": ["expression"],
-        },
-    },
-}
+CALCULATOR_TOOL_SCHEMA: dict[str, Any] = CALCULATOR_SCHEMA  # the built-in tool's own schema
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}

@@ -56,10 +56,12 @@ def _run_tool(call_args: dict[str, Any]) -> str:
 
 
 def evaluate_rates(model: Any, tokenizer: Any, problems: list[dict[str, Any]], temperature: float = 1.0,
-                   seed: int = 0, batch_size: int = 64, system_prompt: str | None = None) -> Rates:
+                   seed: int = 0, batch_size: int = 64, system_prompt: str | None = None,
+                   tools: list[dict[str, Any]] | None = None) -> Rates:
     """Tool-call and success rates of `model` on `problems` (rows from make_problems); `system_prompt`:
-    a system message before each question (default: none, the template's own)."""
-    enc = ChatEncoder(tokenizer, tools=[CALCULATOR_TOOL_SCHEMA])
+    a system message before each question (default: none, the template's own); `tools`: the schemas the
+    template lists (default: the built-in calculator's)."""
+    enc = ChatEncoder(tokenizer, tools=tools or [CALCULATOR_TOOL_SCHEMA])
     parser = get_parser("hermes")
     eos, pad = enc.eos_token_ids, tokenizer.pad_token_id
     torch.manual_seed(seed)
