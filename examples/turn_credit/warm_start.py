@@ -14,15 +14,11 @@ recipe under ~/.cache/verl_agent.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -94,26 +90,12 @@ def build(out: Path, base: str, w: WarmStart) -> None:
 
 def warm_start(w: WarmStart | None = None, cache: Path | None = None) -> Path:
     """The warm-started model folder (built on first use; concurrent callers wait for one build)."""
-    from verl_agent.models.tiny import build_tiny, cache_root
+    from verl_agent.models.tiny import build_tiny, cache_root, cached_build
 
     w = w or WarmStart()
     base = str(build_tiny())
     target = (cache or cache_root()) / f"turn-credit-{w.key(base)}"
-    if (target / "warm_start.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "warm_start.json").exists():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            build(tmp, base, w)
-            os.rename(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached_build(target, "warm_start.json", lambda tmp: build(tmp, base, w))
 
 
 if __name__ == "__main__":
