@@ -24,6 +24,16 @@ NAME = "turn_credit"
 sys.path.insert(0, str(EXAMPLES / NAME))
 
 
+def play(env, secrets, policy) -> float:
+    """The total reward of one match with these secrets, guessing policy(lo, hi) each turn."""
+    env.reset(options={"secrets": list(secrets)})
+    total, done = 0.0, False
+    while not done:
+        _, r, term, trunc, _ = env.step(str(policy(env.lo, env.hi)))
+        total, done = total + r, term or trunc
+    return total
+
+
 def test_make_data_reproduces_shipped_files(tmp_path):
     assert_data_reproducible(NAME, tmp_path)
     secrets = lambda split: [tuple(json.loads(x)["extra_info"]["interaction_kwargs"]["secrets"])  # noqa: E731
@@ -96,18 +106,10 @@ def test_two_round_match_rewards_each_guess_and_round():
     with pytest.raises(ValueError, match="under 1"):
         HiLoGame(low=1, high=7, max_guesses=3, rounds=2, shaping=0.2, scoring="halving")
 
-    def play(secrets, policy) -> float:
-        env.reset(options={"secrets": list(secrets)})
-        total, done = 0.0, False
-        while not done:
-            _, r, term, trunc, _ = env.step(str(policy(env.lo, env.hi)))
-            total, done = total + r, term or trunc
-        return total
-
     pairs = [(a, b) for a in range(1, 8) for b in range(1, 8)]
-    assert all(play(p, lambda lo, hi: (lo + hi) // 2) >= 1 for p in pairs)  # binary search wins every match
+    assert all(play(env, p, lambda lo, hi: (lo + hi) // 2) >= 1 for p in pairs)  # binary search wins every match
     rng = random.Random(0)
-    scores = [play(p, lambda lo, hi: rng.randint(lo, hi)) for p in pairs for _ in range(100)]
+    scores = [play(env, p, lambda lo, hi: rng.randint(lo, hi)) for p in pairs for _ in range(100)]
     won = [s >= 1 for s in scores]
     assert 0.42 < sum(won) / len(won) < 0.50  # the random player the warm start imitates wins ~46 % of matches
     assert max(s for s in scores if s < 1) < 1 <= min(s for s in scores if s >= 1)
@@ -128,18 +130,10 @@ def test_four_round_match_of_the_example():
         assert not term and r == pytest.approx((1 + 0.08) / 4) and info["state_key"] == f"{k + 2}:1-7-3"
     assert obs == "Correct! Round 4 of 4. Guess my number from 1 to 7. 3 guesses left."
 
-    def play(secrets, policy) -> float:
-        env.reset(options={"secrets": list(secrets)})
-        total, done = 0.0, False
-        while not done:
-            _, r, term, trunc, _ = env.step(str(policy(env.lo, env.hi)))
-            total, done = total + r, term or trunc
-        return total
-
     matches = evaluation_matches()
-    assert all(play(m, lambda lo, hi: (lo + hi) // 2) >= 1 for m in matches)  # binary search wins every match
+    assert all(play(env, m, lambda lo, hi: (lo + hi) // 2) >= 1 for m in matches)  # binary search wins every match
     rng = random.Random(0)
-    scores = [play(m, lambda lo, hi: rng.randint(lo, hi)) for m in matches for _ in range(100)]
+    scores = [play(env, m, lambda lo, hi: rng.randint(lo, hi)) for m in matches for _ in range(100)]
     assert 0.17 < sum(s >= 1 for s in scores) / len(scores) < 0.25  # the random player wins ~21 % of matches
     assert max(s for s in scores if s < 1) < 1
 
