@@ -17,6 +17,13 @@ Reward per turn (the env's step reward, the turn's score), divided by `rounds` (
 The constructor checks that a match with a lost round scores under 1 and a won one at least 1, so
 success (reward >= 1) = every round won. With `shaping: 0` the reward is 1/rounds per won round only.
 
+Secrets: `reset(options={"secrets": [...]})` plays those (the evaluation matches). Without them, the env
+draws the secrets. With `random_secrets: false` the draw comes from `reset(seed=...)`, so every trajectory
+reset with one seed (all the samples of one data row) plays the same match. With `random_secrets: true`
+(the example's), each reset draws its own match: the k-th reset with seed s in this process uses
+numpy's default_rng([s, k]), so the samples of one row (one GRPO group) face different secrets, and a run
+is reproducible per seed when its rows are used once and in the same order.
+
 Binary search wins every game of 1..7 in 3 guesses (and of 1..15 in 4); guessing uniformly inside the
 interval wins 67 % (60 %) of the games, so 46 % of two-round matches of 1..7 and 21 % of four-round
 matches (the example's game).
@@ -29,6 +36,7 @@ import string
 from typing import Any
 
 import gymnasium
+import numpy as np
 from gymnasium import spaces
 
 _INTEGER = re.compile(r"-?\d+")
@@ -49,9 +57,10 @@ class HiLoGame(gymnasium.Env):
     see the module docstring for the rewards."""
 
     metadata = {"render_modes": []}
+    _draws: dict[int, int] = {}  # random_secrets: how many matches each reset seed has drawn in this process
 
     def __init__(self, low: int = 1, high: int = 15, max_guesses: int = 4, shaping: float = 0.5,
-                 scoring: str = "ruled_out", rounds: int = 1):
+                 scoring: str = "ruled_out", rounds: int = 1, random_secrets: bool = False):
         if not low < high or max_guesses < 1 or rounds < 1 or not 0 <= shaping < 1 or scoring not in SCORINGS:
             raise ValueError(f"HiLoGame: need low < high, max_guesses >= 1, rounds >= 1, 0 <= shaping < 1 and "
                              f"scoring in {SCORINGS}, got {low}, {high}, {max_guesses}, {rounds}, {shaping}, "
@@ -61,7 +70,7 @@ class HiLoGame(gymnasium.Env):
             raise ValueError(f"HiLoGame: a match with a lost round must score under 1: need rounds x shaping "
                              f"{'x max_guesses ' if scoring == 'halving' else ''}< 1, got {rounds} x {shaping}")
         self.low, self.high, self.max_guesses, self.shaping, self.scoring = low, high, max_guesses, shaping, scoring
-        self.rounds = rounds
+        self.rounds, self.random_secrets = rounds, random_secrets
         self.observation_space = spaces.Text(max_length=200, charset=string.printable)
         self.action_space = spaces.Text(max_length=2000, charset=string.printable)
         self.secrets, self.round = [low] * rounds, 0
@@ -85,7 +94,12 @@ class HiLoGame(gymnasium.Env):
         elif "secret" in options:
             secrets = [int(options["secret"])]
         else:
-            secrets = [int(x) for x in self.np_random.integers(self.low, self.high + 1, size=self.rounds)]
+            rng = self.np_random
+            if self.random_secrets and seed is not None:  # a new match per trajectory, reproducible per seed
+                draw = HiLoGame._draws.get(seed, 0)
+                HiLoGame._draws[seed] = draw + 1
+                rng = np.random.default_rng([seed, draw])
+            secrets = [int(x) for x in rng.integers(self.low, self.high + 1, size=self.rounds)]
         if len(secrets) != self.rounds:
             raise ValueError(f"HiLoGame: {self.rounds} rounds need {self.rounds} secrets, got {secrets}")
         self.secrets, self.round = secrets, 0

@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plot", type=Path, default=HERE / "turn_credit.png")
     ap.add_argument("--runs", type=Path, default=REPO / "runs" / "turn_credit")
     ap.add_argument("--plot-only", action="store_true")
-    ap.add_argument("--title", default="higher/lower, 4 rounds of 1..7, tiny model: 196 evaluation matches\n"
-                    "(49 held-out matches x 4 samples); line = mean of seeds, shaded = min-max")
+    ap.add_argument("--title", default="higher/lower, 4 rounds of 1..7, random training secrets, tiny model:\n"
+                    "196 evaluation matches (49 fixed x 4 samples); mean of seeds, shaded min-max")
     ap.add_argument("overrides", nargs="*", help="extra config overrides, e.g. trainer.total_training_steps=2")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)

@@ -36,12 +36,13 @@ def play(env, secrets, policy) -> float:
 
 def test_make_data_reproduces_shipped_files(tmp_path):
     assert_data_reproducible(NAME, tmp_path)
-    secrets = lambda split: [tuple(json.loads(x)["extra_info"]["interaction_kwargs"]["secrets"])  # noqa: E731
-                             for x in (EXAMPLES / NAME / "data" / f"{split}.jsonl").read_text().splitlines()]
-    test, train = secrets("test"), secrets("train")
-    assert len(test) == len(set(test)) == 49 and len(train) == len(set(train)) == 392
-    assert all(len(m) == 4 and all(1 <= s <= 7 for s in m) for m in test + train)
-    assert not set(test) & set(train)  # no evaluation match is trained on
+    kwargs = lambda split: [json.loads(x)["extra_info"]["interaction_kwargs"]  # noqa: E731
+                            for x in (EXAMPLES / NAME / "data" / f"{split}.jsonl").read_text().splitlines()]
+    test = [tuple(k["secrets"]) for k in kwargs("test")]
+    train = kwargs("train")
+    assert len(test) == len(set(test)) == 49 and all(len(m) == 4 and all(1 <= s <= 7 for s in m) for m in test)
+    # training rows give only a seed: the env (random_secrets) draws each trajectory's match
+    assert train == [{"name": "hilo", "seed": i} for i in range(392)]
     for i in range(4):  # evaluation matches: an orthogonal array, every two rounds see every pair of secrets once
         for j in range(i + 1, 4):
             assert len({(m[i], m[j]) for m in test}) == 49
@@ -136,6 +137,36 @@ def test_four_round_match_of_the_example():
     scores = [play(env, m, lambda lo, hi: rng.randint(lo, hi)) for m in matches for _ in range(100)]
     assert 0.17 < sum(s >= 1 for s in scores) / len(scores) < 0.25  # the random player wins ~21 % of matches
     assert max(s for s in scores if s < 1) < 1
+
+
+def test_each_trajectory_draws_its_own_secrets_and_evaluation_matches_stay_fixed():
+    """random_secrets: the 8 samples of one training row (one GRPO group, one reset seed) face different
+    matches, reproducibly per seed; evaluation rows (secrets given) play exactly their match every time."""
+    import asyncio
+
+    import yaml
+    from guess_env import HiLoGame
+    from make_data import evaluation_matches
+
+    from verl_agent.interactions.gym import GymInteraction
+
+    kwargs = yaml.safe_load((EXAMPLES / NAME / "interaction.yaml").read_text())["interaction"][0]["config"]["env_kwargs"]
+    assert kwargs["random_secrets"] is True
+    interaction = GymInteraction({"name": "hilo"}, env_fn=lambda: HiLoGame(**kwargs))
+
+    async def secrets(n: int, **row) -> list[tuple[int, ...]]:
+        ids = [await interaction.start_interaction(None, **row) for _ in range(n)]
+        return [tuple(interaction.instances[i]["env"].secrets) for i in ids]
+
+    HiLoGame._draws.clear()
+    group = asyncio.run(secrets(8, name="hilo", seed=12345))
+    assert len(set(group)) > 1 and all(len(m) == 4 and all(1 <= s <= 7 for s in m) for m in group)
+    HiLoGame._draws.clear()
+    assert asyncio.run(secrets(8, name="hilo", seed=12345)) == group  # reproducible per seed
+    for i, m in enumerate(evaluation_matches()[:5]):  # evaluation: the row's match, for every sample
+        assert asyncio.run(secrets(4, name="hilo", secrets=list(m), seed=i)) == [m] * 4
+    env = HiLoGame(**{**kwargs, "random_secrets": False})  # without the option a seed fixes the match
+    assert len({tuple(env.reset(seed=7) and env.secrets) for _ in range(4)}) == 1
 
 
 def test_warm_start_builds_and_caches(tmp_path):
