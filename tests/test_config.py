@@ -158,3 +158,11 @@ def test_one_builder_for_training_and_evaluation():
     val = sampling_params(r, cfg.data, seed=3, validate=True)
     assert (train.temperature, train.seed, train.max_new_tokens) == (0.0, None, 77)
     assert (val.temperature, val.seed, val.max_new_tokens) == (0.7, 3, 77)
+
+
+def test_profile_steps_are_step_numbers() -> None:
+    from verl_agent.config import ConfigError, load_config
+
+    assert load_config(None, ["trainer.profile_steps=[2,5]"]).trainer.profile_steps == [2, 5]
+    with pytest.raises(ConfigError, match="profile_steps"):
+        load_config(None, ["trainer.profile_steps=[0]"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -349,7 +349,7 @@ class TrainerConfig(Section):
         0.2, ge=0, le=1, description="stop the run when more than this share of a step's trajectories failed "
         "for infrastructure reasons (engine, sandbox, tool crash, reward fn, interaction)")
     critic_warmup: int = 0
-    profile_steps: list[int] | None = Field(None, description="steps to profile with torch.profiler (rollout "
+    profile_steps: list[Annotated[int, Field(ge=1)]] | None = Field(None, description="steps to profile with torch.profiler (rollout "
                                             "to weight sync): each train rank writes <run dir>/profile/"
                                             "step_N_rankR.txt (top ops) and .json.gz (Chrome trace)")
 
