@@ -16,7 +16,8 @@ from rollout_helpers import CountingTool, assert_mask, assert_token_exact, call_
 from verl_agent.interactions.base import BaseInteraction
 from verl_agent.reward import load_reward_fn
 from verl_agent.rollout.agent_loop import AgentLoop
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.rollout.engine import SamplingParams, turn_seed
+from verl_agent.rollout.scripted import ScriptedEngine
 from verl_agent.tools import CalculatorTool
 
 SP = SamplingParams(max_new_tokens=200)
@@ -178,6 +179,30 @@ async def test_interaction_turns_and_reward(chat_tokenizer, rollout_cfg):
     traj = (await loop(tok, engine, rollout_cfg, interactions=inter).run([s], 1, SP)).trajectories[0]
     assert traj.stop_reason == "max_user_turns"
     assert GuessInteraction.finalized == 2
+
+
+async def test_each_turn_of_a_seeded_trajectory_draws_its_own_noise(chat_tokenizer, rollout_cfg):
+    """A seeded trajectory's turns get distinct seeds (turn 0 keeps the trajectory's). One seed replayed every
+    turn replays the same random numbers: on a quiz tried for examples/turn_credit (six keys, each answered with a
+    number 1..7) a warm start near-uniform over the answers repeated its first answer in all six turns of 61 of 64
+    trajectories; with a seed per turn, in none."""
+    tok = chat_tokenizer
+    seen: list[int] = []
+
+    def script(prompt_ids, sampling):
+        seen.append(sampling.seed)
+        return "It is 400."  # always wrong: the interaction asks again until max_user_turns
+
+    engine = ScriptedEngine(tok, script, tok.convert_tokens_to_ids("<|im_end|>"))
+    rollout_cfg.multi_turn.max_user_turns = 2
+    s = sample(interaction_kwargs={"name": "guess"})
+    batch = await loop(tok, engine, rollout_cfg, interactions={"guess": GuessInteraction({"name": "guess"})}).run(
+        [s], 2, SamplingParams(max_new_tokens=200, seed=7))
+    assert [len(t.turns) for t in batch.trajectories] == [3, 3]
+    want = [7, turn_seed(7, 1), turn_seed(7, 2), 8, turn_seed(8, 1), turn_seed(8, 2)]
+    assert sorted(seen) == sorted(want) and len(set(seen)) == 6  # no two turns of the batch share a seed
+    assert SamplingParams(seed=7).for_turn(0).seed == 7 and SamplingParams().for_turn(3).seed is None
+    assert all(0 <= x < 2**63 for x in seen)
 
 
 async def test_an_empty_reply_is_the_policys_turn_not_an_infra_failure(chat_tokenizer, rollout_cfg):

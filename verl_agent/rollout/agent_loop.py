@@ -244,7 +244,8 @@ class AgentLoop:
             budget = self.max_response_length - len(traj.response_ids)
             if budget <= 0:
                 raise _Stop("response_budget")
-            sp = replace(sampling, max_new_tokens=min(sampling.max_new_tokens, budget), stop_token_ids=stop_ids)
+            sp = replace(sampling.for_turn(ep.assistant_turns), max_new_tokens=min(sampling.max_new_tokens, budget),
+                         stop_token_ids=stop_ids)
             turn = await self._generate(ep, sp)
             if max_turns is not None and ep.assistant_turns >= max_turns and self._wants_more(ep):
                 raise _Stop("max_assistant_turns")

@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -85,6 +85,24 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def for_turn(self, turn: int) -> SamplingParams:
+        """The settings of a trajectory's call number ``turn`` (0, 1, ...): a seeded trajectory gets a seed per
+        turn (turn 0 keeps the trajectory's own), so its turns draw independent noise. One seed for every
+        turn would replay the same random numbers each turn: a policy near-uniform over a few answers would
+        repeat its first answer, and a trajectory's turns would be lucky or unlucky together."""
+        if self.seed is None or turn == 0:
+            return self
+        return replace(self, seed=turn_seed(self.seed, turn))
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """A 63-bit seed for (seed, turn), scrambled (splitmix64's finaliser) so that it does not collide with the
+    neighbouring trajectories' seeds (seed + 1, ...) as seed + turn would."""
+    z = (seed * 0x9E3779B97F4A7C15 + turn * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 1
 
 
 @dataclass

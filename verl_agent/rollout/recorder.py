@@ -225,11 +225,13 @@ class SessionRecorder:
 
     def sampling_for(self, seg: Segment, max_tokens: int | None, overrides: dict[str, float],
                      reserve: int = 0) -> SamplingParams:  # fmt: skip
-        """The session's sampling (seed kept for every turn, as the native loop), capped by the budget
-        (less `reserve` response tokens that forced ids will take)."""
+        """The session's sampling for its next call (a seed per call, counted over the whole session: for one
+        segment exactly the native loop's per-turn seeds), capped by the budget (less `reserve` response
+        tokens that forced ids will take)."""
         left = self.budget(seg) - (reserve if seg.traj.turns else 0)
         if left <= 0:
             raise BudgetExceeded(f"data.max_response_length={self.max_response_length} is used up", "response_budget")
         cap = min(self.sampling.max_new_tokens, left, max_tokens or left)
         stops = sorted(set(self.sampling.stop_token_ids) | self._eos)
-        return replace(self.sampling, max_new_tokens=cap, stop_token_ids=stops, **overrides)
+        calls = sum(len(s.traj.turns) for s in self.segments)
+        return replace(self.sampling.for_turn(calls), max_new_tokens=cap, stop_token_ids=stops, **overrides)
