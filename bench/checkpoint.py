@@ -11,6 +11,8 @@ the trainer writes: bf16 parameters + two bf16 moments (7B: 45 GB). Then, in one
 - device-to-host: one 2 GB copy into pageable and into pinned host memory;
 - each DCP variant (writer threads, torch.save CRC32 on/off, fsync in the writer threads or afterwards) writes
   the full state into a fresh directory and is timed to durable (all files fsynced), then deleted;
+- raw state bytes: every tensor of the state copied through a pinned buffer per thread and appended to one of
+  8 files, fsynced: no format, no metadata (the floor for this state on this machine, not a checkpoint);
 - ours: `checkpoint.save_shards` + `checkpoint.finalize` as the trainer calls them, then `load_shards`
   into a perturbed model, checking that parameters and moments come back bit-exact.
 """
@@ -126,6 +128,41 @@ def save_variant(path: Path, model, opt, threads: int, crc32: bool, sync_in_writ
         torch.serialization.set_crc32_options(True)
 
 
+def raw_state_save(path: Path, model, opt, threads: int = 8) -> float:
+    """Seconds to write the state's bare bytes through a pinned buffer per thread into `threads` files, fsynced."""
+    import torch
+
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in
+             [*model.parameters(), *(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim())]]
+    cuda = local[0].is_cuda
+    path.mkdir(parents=True)
+
+    def write(i: int) -> None:
+        stream = torch.cuda.Stream() if cuda else None
+        buf = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=cuda)
+        with open(path / f"raw_{i}", "wb") as f:
+            for t in local[i::threads]:
+                flat = t.detach().reshape(-1).view(torch.uint8)
+                for off in range(0, flat.numel(), buf.numel()):
+                    n = min(buf.numel(), flat.numel() - off)
+                    if cuda:
+                        with torch.cuda.stream(stream):
+                            buf[:n].copy_(flat[off:off + n], non_blocking=True)
+                        stream.synchronize()
+                    else:
+                        buf[:n].copy_(flat[off:off + n])
+                    f.write(memoryview(buf[:n].numpy()))
+            f.flush()
+            os.fsync(f.fileno())
+
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(write, range(threads)))
+    return time.perf_counter() - t0
+
+
 def tree_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
@@ -178,6 +215,13 @@ def main() -> None:
                                 "peak_rss_gb": rss.rss / 1e9})
         row(f"DCP {name}: s (GB/s, peak RSS GB)", f"{sec:.1f} ({size / sec / 1e9:.2f}, {rss.rss / 1e9:.1f})")
         shutil.rmtree(path)
+
+    raw = args.dir / "raw_state"
+    shutil.rmtree(raw, ignore_errors=True)
+    res["raw_state_s"] = sec = raw_state_save(raw, model, opt)
+    res["raw_state_gb"] = size = tree_bytes(raw) / 1e9
+    row("raw state bytes, pinned staging, 8 files: s (GB/s)", f"{sec:.1f} ({size / sec:.2f})")
+    shutil.rmtree(raw)
 
     # ours, as the trainer calls it; then load into a perturbed model and compare bit for bit
     run = args.dir / "run"
