@@ -188,7 +188,7 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
             f"actor_rollout_ref.rollout.n={args.gens}", "actor_rollout_ref.rollout.temperature=1.0",
             f"actor_rollout_ref.rollout.max_batch_size={args.prompts * args.gens}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}", "actor_rollout_ref.actor.optim.lr=1e-6",
-            "trainer.n_gpus_per_node=1", "trainer.save_freq=-1",
+            f"trainer.n_gpus_per_node={int(args.device == 'cuda')}", "trainer.save_freq=-1",
         ] + args.set)
     t0 = time.perf_counter()
     error, export_ok = None, False
