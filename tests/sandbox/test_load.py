@@ -105,6 +105,8 @@ async def test_pool_waiters_are_served_in_order_and_a_timeout_gives_up_cleanly()
     (dict(min_pool_size=0, max_pool_size=0), "max_pool_size >= 1"),
     (dict(pool_idle_timeout=0), "pool_idle_timeout must be > 0"),
     (dict(max_queue=-1), "max_queue must be >= 0"),
+    (dict(crash_respawn_rate=0), "crash_respawn_rate must be > 0 per second"),
+    (dict(crash_respawn_burst=-1), "crash_respawn_burst must be >= 0"),
 ])
 def test_settings_are_validated(kwargs, match):
     with pytest.raises(ValueError, match=match):

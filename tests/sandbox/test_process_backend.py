@@ -123,6 +123,7 @@ def test_a_backend_removes_only_its_own_cgroups():
 @pytest.mark.parametrize("flags,message", [
     (["--min-pool-size", "5", "--max-pool-size", "2"], "min_pool_size=5, max_pool_size=2"),
     (["--pool-idle-timeout", "0"], "pool_idle_timeout must be > 0"),
+    (["--crash-respawn-rate", "0"], "crash_respawn_rate must be > 0"),
     (["--instance-id", "../x"], "instance_id must be letters, digits and '-'"),
 ])
 def test_serve_refuses_bad_settings_with_a_clear_message(flags, message):

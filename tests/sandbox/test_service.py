@@ -88,6 +88,32 @@ def test_crashed_worker_is_replaced_and_reported(process_server, run):
     assert run(process_server, "print('next')")["run_result"]["stdout"] == "next\n"
 
 
+async def test_a_client_that_keeps_breaking_its_sandbox_is_slowed_down_alone(server_thread_cls):
+    """Crash-loop back-off: past ``crash_respawn_burst`` breaks, that client's next run waits until
+    1 / ``crash_respawn_rate`` s after its last break (reported in ``queue_time``); another client does not."""
+    settings = ServiceSettings(min_pool_size=2, max_pool_size=4, crash_respawn_rate=0.5, crash_respawn_burst=1)
+    with server_thread_cls(ProcessBackend(memory_mb=256, tmpfs_mb=16), settings) as server:
+        async with SandboxClient(server.url) as killer, SandboxClient(server.url) as bystander:
+            assert killer.client_id != bystander.client_id
+            t_break = 0.0
+            for _ in range(2):  # two breaks within burst / rate = 2 s: a crash loop
+                marker = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 997}"
+                pending = asyncio.ensure_future(killer.run_code(f"sleep {marker}", "bash", run_timeout=30))
+                pid = await asyncio.to_thread(_host_pid, f"sleep\0{marker}")
+                os.kill(_agent_of(pid), signal.SIGKILL)
+                out = await pending
+                t_break = time.monotonic()
+                assert out.status.value == "SandboxError" and "crashed" in out.message, out
+            other = await bystander.run_code("echo fine", "bash")
+            again = await killer.run_code("echo again", "bash")
+            waited = time.monotonic() - t_break
+        health = httpx.get(f"{server.url}/v1/health").json()
+    assert other.run_result.stdout == "fine\n" and other.queue_time < 0.5, other
+    assert again.run_result.stdout == "again\n" and again.queue_time > 0.5, again
+    assert waited >= 1.9  # 1 / rate after the last break
+    assert health["stats"]["crash_backoff_delays"] == 1 and health["pool"]["recycled"] >= 2
+
+
 async def test_client_retries_only_retryable_answers():
     """httpx.MockTransport stands in for a flaky server (a real one cannot fail on cue)."""
     calls = []

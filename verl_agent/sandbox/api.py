@@ -6,6 +6,9 @@ sessions (see ``verl_agent.sandbox``): ``POST /open_session`` issues a ``session
 calls that carry it run in one live Python interpreter until ``POST /close_session`` or the idle
 timeout. An id the server did not issue is refused.
 Unknown fields are ignored, as Sandbox Fusion does; a missing or mistyped field is a 422 naming it.
+Two optional request headers: ``X-Sandbox-Retry`` (a retry after a 503, admitted to a reserve of
+waiting slots) and ``X-Sandbox-Client`` (the caller's id, which keys the crash-loop back-off; without it
+the peer's address does). ``SandboxClient`` sends both.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from enum import Enum
 from pydantic import BaseModel, Field
 
 __all__ = [
-    "CellRunResult", "CloseSessionRequest", "OpenSessionResponse", "CommandRunResult", "CommandRunStatus",
+    "CLIENT_HEADER", "RETRY_HEADER", "CellRunResult", "CloseSessionRequest", "OpenSessionResponse", "CommandRunResult", "CommandRunStatus",
     "RunCodeRequest",
     "RunCodeResponse", "RunJupyterRequest", "RunJupyterResponse", "RunStatus",
 ]
+
+RETRY_HEADER = "x-sandbox-retry"
+CLIENT_HEADER = "x-sandbox-client"
 
 
 class RunStatus(str, Enum):

@@ -132,6 +132,11 @@ def add_cli(subparsers) -> None:
                    help="requests allowed to wait for a sandbox; more are answered 503 + Retry-After")
     s.add_argument("--queue-timeout", type=float, default=d.queue_timeout,
                    help="seconds a request may wait for a sandbox before a 503")
+    s.add_argument("--crash-respawn-rate", type=float, default=d.crash_respawn_rate,
+                   help="a client that broke more than --crash-respawn-burst sandboxes within burst/rate seconds "
+                        "gets a sandbox at most this many times a second (the others are not slowed)")
+    s.add_argument("--crash-respawn-burst", type=int, default=d.crash_respawn_burst,
+                   help="sandbox breaks a client may cause at full speed before its back-off starts")
     s.add_argument("--instance-id", default=None,
                    help="this server's id (letters, digits, '-'); it removes only what a server with this id "
                         "left behind (default: a fresh random id)")
@@ -156,12 +161,14 @@ def run_cli(args: argparse.Namespace) -> int:
         try:
             ServiceSettings(min_pool_size=args.min_pool_size, max_pool_size=max_pool,
                             pool_idle_timeout=args.pool_idle_timeout, max_queue=args.max_queue,
-                            queue_timeout=args.queue_timeout)
+                            queue_timeout=args.queue_timeout, crash_respawn_rate=args.crash_respawn_rate,
+                            crash_respawn_burst=args.crash_respawn_burst)
         except ValueError as e:
             raise SystemExit(f"verl-agent sandbox serve: {e}") from e
         serve(args.backend, args.host, args.port, args.image, args.log_level, args.instance_id,
               min_pool_size=args.min_pool_size, max_pool_size=max_pool, pool_idle_timeout=args.pool_idle_timeout,
-              max_queue=args.max_queue, queue_timeout=args.queue_timeout)
+              max_queue=args.max_queue, queue_timeout=args.queue_timeout,
+              crash_respawn_rate=args.crash_respawn_rate, crash_respawn_burst=args.crash_respawn_burst)
         return 0
     if args.sandbox_cmd == "build-image":
         from verl_agent.sandbox.image import ensure_images

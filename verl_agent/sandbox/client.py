@@ -6,7 +6,9 @@ to ``max_retries`` times; a 503 overload answer (the server's queue is full) is 
 finish. A program's own failure (``Failed``) and a malformed request (422) come back at once.
 ``retried`` counts the retries by cause (``overloaded``, ``http_5xx``, ``transport``). A retry
 carries ``X-Sandbox-Retry``, which lets our server admit it to a reserve of waiting slots that first
-attempts cannot take, so a client that got a 503 is not starved by clients that never did.
+attempts cannot take, so a client that got a 503 is not starved by clients that never did; every
+request carries ``X-Sandbox-Client`` (``client_id``, random per client), which keys the server's
+crash-loop back-off.
 ``max_concurrency`` caps requests in flight from this client; ``transport`` is injectable
 (httpx.MockTransport, ASGITransport) for tests.
 """
@@ -17,12 +19,13 @@ import asyncio
 import logging
 import random
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from verl_agent.sandbox.api import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+from verl_agent.sandbox.api import CLIENT_HEADER, RETRY_HEADER, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ class SandboxClient:
             timeout=httpx.Timeout(None, connect=lim.connect_timeout),
         )
         self._slots = asyncio.Semaphore(lim.max_concurrency)
+        self.client_id = uuid.uuid4().hex  # the server keys its crash-loop back-off by it (X-Sandbox-Client)
         self.retried: dict[str, int] = {"overloaded": 0, "http_5xx": 0, "transport": 0}
 
     async def __aenter__(self) -> SandboxClient:
@@ -96,7 +100,7 @@ class SandboxClient:
     async def _post(self, path: str, body: dict, budget: float) -> dict:
         lim = self.limits
         async with self._slots:
-            attempt, tries, overload_until, headers = 0, 0, None, {}
+            attempt, tries, overload_until, headers = 0, 0, None, {CLIENT_HEADER: self.client_id}
             while True:
                 wait_at_least, tries = 0.0, tries + 1
                 try:
@@ -123,7 +127,7 @@ class SandboxClient:
                 delay = min(lim.backoff_max, lim.backoff_base * 2 ** min(attempt, 16)) * random.uniform(0.5, 1.0)
                 delay = max(delay, wait_at_least * random.uniform(1.0, 1.5))  # spread the retries of a burst
                 self.retried[cause] += 1
-                headers = {"X-Sandbox-Retry": "1"}  # admitted to the server's reserve queue
+                headers[RETRY_HEADER] = "1"  # admitted to the server's reserve queue
                 logger.debug("sandbox %s failed (%s); retry in %.2fs", path, reason, delay)
                 await asyncio.sleep(delay)
         spent = f" and {lim.overload_retry_s:.0f} s of overload" if overload_until else ""

@@ -16,16 +16,19 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from verl_agent.sandbox.api import (
-    CloseSessionRequest, OpenSessionResponse, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse,
+    CLIENT_HEADER, RETRY_HEADER, CloseSessionRequest, OpenSessionResponse, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse,
 )
 from verl_agent.sandbox.service import Overloaded, SandboxService
 from verl_agent.sandbox.sessions import SessionError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RETRY_HEADER", "BodyLimit", "create_app"]
+__all__ = ["BodyLimit", "create_app"]
 
-RETRY_HEADER = "x-sandbox-retry"  # set by SandboxClient on a retry after a 503: admitted to the reserve queue
+
+def _client(request: Request) -> str:
+    """Who is calling, for the crash-loop back-off: the client's own id, else its address."""
+    return request.headers.get(CLIENT_HEADER) or (request.client.host if request.client else "unknown")
 
 
 class BodyLimit:
@@ -89,16 +92,17 @@ def create_app(service: SandboxService, max_body_bytes: int = 64 << 20) -> FastA
     @app.get("/v1/health")
     async def health() -> dict:
         return {"backend": service.backend.name, "idle_workers": service.pool.idle(), "pool": service.pool.stats(),
-                "sessions": len(service.sessions), "recycled": service.pool.recycled, "stats": service.stats,
+                "sessions": len(service.sessions), "recycled": service.pool.recycled,
+                "stats": {**service.stats, "crash_backoff_delays": service.backoff.delayed},
                 "guarantees": service.backend.guarantees(), "languages": sorted(service.languages)}
 
     @app.post("/run_code", response_model=RunCodeResponse, response_model_exclude_none=False)
     async def run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse:
-        return await service.run_code(req, retried=RETRY_HEADER in request.headers)
+        return await service.run_code(req, retried=RETRY_HEADER in request.headers, client=_client(request))
 
     @app.post("/run_jupyter", response_model=RunJupyterResponse)
     async def run_jupyter(req: RunJupyterRequest, request: Request) -> RunJupyterResponse:
-        return await service.run_jupyter(req, retried=RETRY_HEADER in request.headers)
+        return await service.run_jupyter(req, retried=RETRY_HEADER in request.headers, client=_client(request))
 
     @app.post("/open_session", response_model=OpenSessionResponse)
     async def open_session() -> OpenSessionResponse:

@@ -12,8 +12,9 @@ retry). A retried request (``SandboxClient`` marks it with the ``X-Sandbox-Retry
 take one of a second ``max_queue`` waiting slots: closed-loop clients refill a freed slot the moment
 they are answered, and without this reserve a client that got a 503 could lose that race again and
 again. A worker that crashes or hangs past the server-side deadline is destroyed and replaced, and
-its request answers ``SandboxError``: never lost silently, never a 500. Every response carries
-``queue_time``: the seconds it waited for a sandbox, apart from the run's own ``execution_time``.
+its request answers ``SandboxError``: never lost silently, never a 500. A client that keeps breaking
+its sandbox is slowed down on its own (`CrashBackoff`). Every response carries ``queue_time``: the
+seconds it waited for a sandbox (the back-off included), apart from the run's own ``execution_time``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import base64
 import logging
 import posixpath
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from verl_agent.sandbox.api import (
@@ -57,6 +59,8 @@ class ServiceSettings:
     default_memory_mb: int = 1024
     max_memory_mb: int = 1024
     max_uses: int = 200
+    crash_respawn_rate: float = 1.0  # a client in a crash loop gets a sandbox at most this many times a second
+    crash_respawn_burst: int = 8  # breaks a client may cause at full speed before its back-off starts
     max_sessions: int = 32
     session_idle_timeout: float = 300.0
 
@@ -67,10 +71,46 @@ class ServiceSettings:
         for name in ("pool_idle_timeout", "queue_timeout", "session_idle_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"sandbox settings: {name} must be > 0 seconds, got {getattr(self, name)}")
+        if not self.crash_respawn_rate > 0:
+            raise ValueError(f"sandbox settings: crash_respawn_rate must be > 0 per second, got {self.crash_respawn_rate}")
         for name, low in (("max_queue", 0), ("max_sessions", 0), ("max_output_bytes", 1), ("max_file_bytes", 1),
-                          ("default_memory_mb", 1), ("max_memory_mb", 1), ("max_uses", 1)):
+                          ("default_memory_mb", 1), ("max_memory_mb", 1), ("max_uses", 1),
+                          ("crash_respawn_burst", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"sandbox settings: {name} must be >= {low}, got {getattr(self, name)}")
+
+
+class CrashBackoff:
+    """Per-client crash-loop back-off.
+
+    Replacing a sandbox that broke (its agent was killed, hung or spoke garbage) costs a container
+    start; a client that breaks its sandbox over and over would take the host's CPU from everyone
+    else's runs with those starts. A client may cause ``burst`` breaks within ``burst / rate`` seconds
+    at full speed; beyond that its next request waits until ``1 / rate`` seconds after its last break,
+    so its replacements run at about ``rate`` per second. Other clients are not delayed.
+    """
+
+    def __init__(self, rate: float, burst: int):
+        self.rate, self.burst = rate, burst
+        self.window = burst / rate
+        self._breaks: dict[str, deque[float]] = {}
+        self.delayed = 0
+
+    def note(self, client: str) -> None:
+        now = time.monotonic()
+        if len(self._breaks) > 1024:  # forget clients whose breaks are old
+            self._breaks = {c: d for c, d in self._breaks.items() if now - d[-1] < self.window}
+        self._breaks.setdefault(client, deque(maxlen=self.burst + 1)).append(now)
+
+    def delay(self, client: str) -> float:
+        """Seconds ``client`` must wait before its next request gets a sandbox (0 outside a crash loop)."""
+        breaks = self._breaks.get(client)
+        if breaks is None or len(breaks) <= self.burst:
+            return 0.0
+        now = time.monotonic()
+        if now - breaks[0] >= self.window:
+            return 0.0
+        return max(0.0, breaks[-1] + 1 / self.rate - now)
 
 
 def _rel_path(path: str, field: str) -> str:
@@ -98,6 +138,7 @@ class SandboxService:
         self.pool = WorkerPool(backend, s.min_pool_size, s.max_pool_size, idle_timeout=s.pool_idle_timeout,
                                max_uses=s.max_uses)
         self.sessions = SessionManager(self.pool, s.max_sessions, s.session_idle_timeout)
+        self.backoff = CrashBackoff(s.crash_respawn_rate, s.crash_respawn_burst)
         self.languages = set(backend.languages())
         self.stats = {"runs": 0, "sandbox_errors": 0, "overloaded": 0}
 
@@ -135,13 +176,20 @@ class SandboxService:
     async def _session_worker(self) -> Worker:
         return (await self._acquire())[0]
 
-    async def _call(self, job: dict, deadline: float,
-                    retried: bool = False) -> tuple[dict | None, str, str | None, float]:
-        """Run ``job`` on a pooled worker: (reply, error message, worker name, queue wait in seconds)."""
+    async def _call(self, job: dict, deadline: float, retried: bool = False,
+                    client: str = "") -> tuple[dict | None, str, str | None, float]:
+        """Run ``job`` on a pooled worker for ``client``: (reply, error message, worker name, seconds waited
+        for the worker, the crash-loop back-off included)."""
+        backoff = self.backoff.delay(client)
+        if backoff > 0:
+            self.backoff.delayed += 1
+            await asyncio.sleep(backoff)
         worker, waited = await self._acquire(retried)
+        waited = round(waited + backoff, 4)
         try:
             reply = await worker.call(job, deadline)
         except WorkerError as e:
+            self.backoff.note(client)
             self.pool.discard(worker)
             self.stats["sandbox_errors"] += 1
             logger.warning("%s; replaced", e)
@@ -170,7 +218,7 @@ class SandboxService:
         deadline = req.run_timeout + (req.compile_timeout if lang.compile else 0) + GRACE_S
         return job, deadline
 
-    async def run_code(self, req: RunCodeRequest, retried: bool = False) -> RunCodeResponse:
+    async def run_code(self, req: RunCodeRequest, retried: bool = False, client: str = "") -> RunCodeResponse:
         self.stats["runs"] += 1
         if req.language not in LANGUAGES or req.language not in self.languages:
             known = ", ".join(sorted(self.languages))
@@ -182,7 +230,7 @@ class SandboxService:
             return RunCodeResponse(status=RunStatus.Failed, message=str(e))
         if req.session_id is not None:
             return await self._session_run(req, job, deadline)
-        reply, error, name, waited = await self._call(job, deadline, retried)
+        reply, error, name, waited = await self._call(job, deadline, retried, client)
         if reply is None:
             return RunCodeResponse(status=RunStatus.SandboxError, message=error, executor_pod_name=name,
                                    queue_time=waited)
@@ -219,7 +267,7 @@ class SandboxService:
         return RunCodeResponse(status=RunStatus.Success if rc == 0 else RunStatus.Failed, run_result=run,
                                message="; ".join(reply.get("fetch_errors", [])), files=reply.get("files", {}))
 
-    async def run_jupyter(self, req: RunJupyterRequest, retried: bool = False) -> RunJupyterResponse:
+    async def run_jupyter(self, req: RunJupyterRequest, retried: bool = False, client: str = "") -> RunJupyterResponse:
         self.stats["runs"] += 1
         try:
             job = {"op": "jupyter", "cells": req.cells, "cell_timeout": req.cell_timeout,
@@ -229,7 +277,7 @@ class SandboxService:
                    "max_output": self.settings.max_output_bytes, "max_file": self.settings.max_file_bytes}
         except ValueError as e:
             return RunJupyterResponse(status=RunStatus.Failed, message=str(e))
-        reply, error, name, waited = await self._call(job, req.total_timeout + GRACE_S, retried)
+        reply, error, name, waited = await self._call(job, req.total_timeout + GRACE_S, retried, client)
         if reply is None:
             return RunJupyterResponse(status=RunStatus.SandboxError, message=error, executor_pod_name=name,
                                       queue_time=waited)
