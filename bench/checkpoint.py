@@ -132,8 +132,8 @@ def raw_state_save(path: Path, model, opt, threads: int = 8) -> float:
     """Seconds to write the state's bare bytes through a pinned buffer per thread into `threads` files, fsynced."""
     import torch
 
-    local = [t.to_local() if hasattr(t, "to_local") else t for t in
-             [*model.parameters(), *(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim())]]
+    moments = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in [*model.parameters(), *moments]]
     cuda = local[0].is_cuda
     path.mkdir(parents=True)
 

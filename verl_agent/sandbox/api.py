@@ -18,7 +18,8 @@ from enum import Enum
 from pydantic import BaseModel, Field
 
 __all__ = [
-    "CLIENT_HEADER", "RETRY_HEADER", "CellRunResult", "CloseSessionRequest", "OpenSessionResponse", "CommandRunResult", "CommandRunStatus",
+    "CLIENT_HEADER", "RETRY_HEADER", "CellRunResult", "CloseSessionRequest", "OpenSessionResponse",
+    "CommandRunResult", "CommandRunStatus",
     "RunCodeRequest",
     "RunCodeResponse", "RunJupyterRequest", "RunJupyterResponse", "RunStatus",
 ]

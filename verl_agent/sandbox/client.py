@@ -25,7 +25,9 @@ from typing import Any
 
 import httpx
 
-from verl_agent.sandbox.api import CLIENT_HEADER, RETRY_HEADER, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
+from verl_agent.sandbox.api import (
+    CLIENT_HEADER, RETRY_HEADER, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse,
+)
 
 logger = logging.getLogger(__name__)
 

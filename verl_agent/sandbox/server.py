@@ -16,7 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from verl_agent.sandbox.api import (
-    CLIENT_HEADER, RETRY_HEADER, CloseSessionRequest, OpenSessionResponse, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse,
+    CLIENT_HEADER, RETRY_HEADER, CloseSessionRequest, OpenSessionResponse, RunCodeRequest, RunCodeResponse,
+    RunJupyterRequest, RunJupyterResponse,
 )
 from verl_agent.sandbox.service import Overloaded, SandboxService
 from verl_agent.sandbox.sessions import SessionError

@@ -72,7 +72,8 @@ class ServiceSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"sandbox settings: {name} must be > 0 seconds, got {getattr(self, name)}")
         if not self.crash_respawn_rate > 0:
-            raise ValueError(f"sandbox settings: crash_respawn_rate must be > 0 per second, got {self.crash_respawn_rate}")
+            raise ValueError(f"sandbox settings: crash_respawn_rate must be > 0 per second, "
+                             f"got {self.crash_respawn_rate}")
         for name, low in (("max_queue", 0), ("max_sessions", 0), ("max_output_bytes", 1), ("max_file_bytes", 1),
                           ("default_memory_mb", 1), ("max_memory_mb", 1), ("max_uses", 1),
                           ("crash_respawn_burst", 0)):
@@ -86,8 +87,9 @@ class CrashBackoff:
     Replacing a sandbox that broke (its agent was killed, hung or spoke garbage) costs a container
     start; a client that breaks its sandbox over and over would take the host's CPU from everyone
     else's runs with those starts. A client may cause ``burst`` breaks within ``burst / rate`` seconds
-    at full speed; beyond that its next request waits until ``1 / rate`` seconds after its last break,
-    so its replacements run at about ``rate`` per second. Other clients are not delayed.
+    at full speed; beyond that its new requests wait until ``1 / rate`` seconds after its last break,
+    so its replacements run at about ``rate`` per second. It is a pause, not a queue: runs already in
+    flight go on, and the requests that waited start together. Other clients are not delayed.
     """
 
     def __init__(self, rate: float, burst: int):
