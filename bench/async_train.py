@@ -9,6 +9,7 @@ the first step of each (compilation, Ray start) is left out.
     python bench/async_train.py                                    # CPU, the tiny model
     python bench/async_train.py --device cuda --model 0.5b         # one GPU, a Qwen2-0.5B-shaped body
     python bench/async_train.py --split                            # + async with trainer.placement=split
+    python bench/async_train.py --split auto object_store          # ... once per trainer.weight_transport
 
 Prints a table and one JSON line: trajectories trained per second per mode and the ratio to the first
 mode (sync by default).
@@ -109,7 +110,7 @@ def run_mode(base: list[str], mode: str, staleness: int, tmp: Path, split: list[
     from verl_agent.trainer.loop import train
 
     staleness_key = [f"trainer.max_staleness={staleness}"] if mode == "async" else []
-    name = f"run_{mode}_{staleness}" + ("_split" if split else "")
+    name = f"run_{mode}_{staleness}" + "".join("_" + o.split("=")[1] for o in split or [])
     cfg = load_config(None, [*base, f"trainer.mode={mode}", *staleness_key, *(split or []),
                              f"trainer.default_local_dir={tmp / name}"])
     result = train(cfg)
@@ -120,6 +121,7 @@ def run_mode(base: list[str], mode: str, staleness: int, tmp: Path, split: list[
             "first_step_s": result.history[0]["time/step"],
             "rollout_wait_s": sum(m["time/rollout"] for m in warm) / len(warm),
             "update_s": sum(m.get("time/update", 0.0) for m in warm) / len(warm),
+            "weight_sync_s": sum(m.get("time/weight_sync", 0.0) for m in warm) / len(warm),
             "policy_lag_max": max(m["rollout/policy_lag/max"] for m in warm),
             "reward_mean": sum(m["rollout/reward/mean"] for m in warm) / len(warm)}
 
@@ -138,8 +140,9 @@ def main() -> None:
     p.add_argument("--staleness", type=int, default=2, help="async mode's max_staleness")
     p.add_argument("--modes", nargs="+", default=["sync", "one_step_off", "async"],
                    choices=["sync", "one_step_off", "async"], help="the first one is the reference (x sync)")
-    p.add_argument("--split", action="store_true", help="also async with trainer.placement=split (one rollout "
-                   "worker; on one GPU it gets half of it, the train worker the other half)")
+    p.add_argument("--split", nargs="*", choices=["auto", "object_store"], default=None, metavar="TRANSPORT",
+                   help="also async with trainer.placement=split (one rollout worker; on one GPU it gets half of "
+                   "it, the train worker the other half), once per trainer.weight_transport given (default auto)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="async-bench-"))
     base = _setup(args, tmp)
@@ -147,14 +150,18 @@ def main() -> None:
     for mode in args.modes:
         k = {"sync": 0, "one_step_off": 1, "async": args.staleness}[mode]
         rows[f"async(k={k})" if mode == "async" else mode] = run_mode(base, mode, k, tmp)
-    if args.split:
-        split = ["trainer.placement=split", *(["trainer.rollout_gpus_per_worker=0.5"] if args.device == "cuda" else [])]
-        rows[f"async(k={args.staleness}) split"] = run_mode(base, "async", args.staleness, tmp, split)
+    transports = [] if args.split is None else args.split or ["auto"]
+    for transport in transports:
+        split = ["trainer.placement=split", *(["trainer.rollout_gpus_per_worker=0.5"] if args.device == "cuda" else []),
+                 f"trainer.weight_transport={transport}"]
+        rows[f"async(k={args.staleness}) split {transport}"] = run_mode(base, "async", args.staleness, tmp, split)
     sync = next(iter(rows.values()))["trajectories_per_s"]
-    print(f"\n{'mode':<22}{'traj/s':>9}{'x sync':>8}{'step s':>8}{'wait s':>8}{'update s':>9}{'lag':>5}{'reward':>8}")
+    print(f"\n{'mode':<34}{'traj/s':>9}{'x sync':>8}{'step s':>8}{'wait s':>8}{'update s':>9}{'sync s':>8}{'lag':>5}"
+          f"{'reward':>8}")
     for name, r in rows.items():
-        print(f"{name:<22}{r['trajectories_per_s']:>9.2f}{r['trajectories_per_s'] / sync:>8.2f}{r['step_s']:>8.2f}"
-              f"{r['rollout_wait_s']:>8.2f}{r['update_s']:>9.2f}{r['policy_lag_max']:>5.0f}{r['reward_mean']:>8.3f}")
+        print(f"{name:<34}{r['trajectories_per_s']:>9.2f}{r['trajectories_per_s'] / sync:>8.2f}{r['step_s']:>8.2f}"
+              f"{r['rollout_wait_s']:>8.2f}{r['update_s']:>9.2f}{r['weight_sync_s']:>8.3f}{r['policy_lag_max']:>5.0f}"
+              f"{r['reward_mean']:>8.3f}")
     print(json.dumps({"bench": "async_train", "device": args.device, "model": args.model, "args": vars(args),
                       "modes": rows, "speedup": {k: r["trajectories_per_s"] / sync for k, r in rows.items()}}))
 

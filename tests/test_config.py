@@ -117,6 +117,7 @@ def test_all_keys_lists_nested_verl_keys():
     ("actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.hybrid_engine", "colocated"),
     ("trainer.rollout_workers=2", "trainer.rollout_workers", "only trainer.placement=split"),
     ("trainer.rollout_gpus_per_worker=0.5", "trainer.rollout_gpus_per_worker", "split on GPUs"),
+    ("trainer.weight_transport=object_store", "trainer.weight_transport", "only trainer.placement=split"),
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "tensor_model_parallel_size", "use 1"),
     ("actor_rollout_ref.model.use_remove_padding=false", "use_remove_padding", "packed"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size=8", "actor.ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"),

@@ -345,6 +345,10 @@ class TrainerConfig(Section):
     rollout_gpus_per_worker: float = Field(1.0, gt=0, description="split, on GPU: GPUs per rollout worker; a "
                                            "fraction below 1 shares a GPU with a train worker, which then takes "
                                            "the rest of it (Ray fractional GPUs)")
+    weight_transport: Literal["auto", "object_store"] = Field(
+        "auto", description="split: how train rank 0 sends the weights. auto: by handle to every rollout worker "
+        "that can map its memory (same host; on GPU the same card: CUDA IPC; on CPU shared memory in /dev/shm "
+        "while it has room), through Ray's object store to the others. object_store: always the object store")
     max_infra_failure_fraction: float = Field(
         0.2, ge=0, le=1, description="stop the run when more than this share of a step's trajectories failed "
         "for infrastructure reasons (engine, sandbox, tool crash, reward fn, interaction)")
@@ -406,6 +410,8 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
            "without the colocated hybrid engine, set trainer.placement=split (and trainer.rollout_workers)")
     refuse(t.placement == "colocated" and t.rollout_workers != 1, "trainer.rollout_workers", t.rollout_workers,
            "only trainer.placement=split uses it (colocated: one engine per train worker)")
+    refuse(t.placement == "colocated" and t.weight_transport != "auto", "trainer.weight_transport",
+           t.weight_transport, "only trainer.placement=split sends weights between processes")
     refuse((t.placement == "colocated" or t.n_gpus_per_node == 0) and t.rollout_gpus_per_worker != 1.0,
            "trainer.rollout_gpus_per_worker", t.rollout_gpus_per_worker,
            "only trainer.placement=split on GPUs uses it")

@@ -18,6 +18,7 @@ from sglang_cpu import sglang_python
 
 from verl_agent.rollout import sglang_engine as se
 from verl_agent.rollout.engine import SamplingParams
+from verl_agent.rollout.tensor_handles import share_cpu
 
 pytestmark = pytest.mark.sglang
 
@@ -83,7 +84,7 @@ def test_payloads_validate_against_sglang_request_classes(tmp_path):
         SamplingParams(top_k=0),  # ours: <= 0 means no top-k
     ]
     tensors = [("model.embed_tokens.weight", torch.randn(4, 3)), ("model.norm.weight", torch.ones(3).bfloat16())]
-    shared = [(n, se._share_cpu(t)) for n, t in tensors]  # kept alive until the other process has read them
+    shared = [(n, share_cpu(t)) for n, t in tensors]  # kept alive until the other process has read them
     bodies = [("GenerateReqInput", se.generate_payload([1, 2, 3], sp)) for sp in sps] + [
         ("UpdateWeightsFromTensorReqInput", se.tensor_payload(shared, tp_size=2, flush=False)),
         ("UpdateWeightFromDiskReqInput", se.disk_payload("/tmp/ckpt")),

@@ -2,7 +2,8 @@
 RolloutWorker actors. One rollout worker feeding one train rank is the colocated run step for step, also
 across a resume from a checkpoint; with
 2 train ranks and 1 rollout worker the groups reach the ranks through the object store, async training
-trains every sample exactly once, and a weight sync leaves every engine with the actor's weights.
+trains every sample exactly once, and a weight sync leaves every engine with the actor's weights, by handle
+(shared memory) and through the object store.
 """
 
 from __future__ import annotations
@@ -61,26 +62,29 @@ def test_sync_gives_every_rollout_worker_the_actors_weights(ray_cluster, make_cf
     try:
         actor, *engines = group.weights_digests()
         assert engines == [pytest.approx(actor, rel=1e-9)] * 2  # both loaded the same model
+        assert group.by_handle == [True, True]  # one host, CPU: the weights go through shared memory
         seqs = random_seqs(8, 300)
-        for s in seqs:
-            s.advantages = torch.randn(s.response_len)
-        group.set_sequences(shard_list(seqs, group.world_size))
-        group.compute_log_probs(n_minibatches=1)
-        group.update(n_minibatches=1, step=1, update_actor=True)
-        actor, *engines = group.weights_digests()
-        assert all(abs(e - actor) > 1e-3 * actor for e in engines)  # the update moved the actor away
-        group.sync_weights(version=1)
-        actor, *engines = group.weights_digests()
-        assert engines == [pytest.approx(actor, rel=1e-9)] * 2
+        for step, by_handle in [(1, [True, True]), (2, [False, True])]:  # then one through the object store
+            group.by_handle = by_handle
+            for s in seqs:
+                s.advantages = torch.randn(s.response_len)
+            group.set_sequences(shard_list(seqs, group.world_size))
+            group.compute_log_probs(n_minibatches=1)
+            group.update(n_minibatches=1, step=step, update_actor=True)
+            actor, *engines = group.weights_digests()
+            assert all(abs(e - actor) > 1e-3 * actor for e in engines)  # the update moved the actor away
+            group.sync_weights(version=step)
+            actor, *engines = group.weights_digests()
+            assert engines == [pytest.approx(actor, rel=1e-9)] * 2
         # the groups of both rollout workers reach the one train rank, through the object store
         from verl_agent.rollout.build import train_dataset
 
         samples = list(next(iter(train_dataset(cfg.data).batches(4))))
         counts = group.feed(samples, 2, sampling_params(cfg.actor_rollout_ref.rollout, cfg.data, seed=3), batch=1)
         assert counts == [2, 2]
-        results = group.take(counts, step=1, min_version=1)
+        results = group.take(counts, step=1, min_version=2)
         assert [len(r.summaries) for r in results] == [4, 4] and [len(r.taken) for r in results] == [2, 2]
-        assert all(s.oldest_version == 1 for r in results for s in r.summaries)
+        assert all(s.oldest_version == 2 for r in results for s in r.summaries)
         group.compute_log_probs(n_minibatches=1)
         assert group.compute_advantages(0.0).sequences == 8  # the train rank holds all 8 trajectories
     finally:

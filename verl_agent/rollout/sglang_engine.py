@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import logging
 import os
@@ -37,10 +36,9 @@ from typing import Any
 
 import httpx
 import torch
-import torch.multiprocessing  # registers torch's reducers with ForkingPickler
-from multiprocessing.reduction import ForkingPickler
 
 from verl_agent.rollout.engine import GenerateOutput, SamplingParams
+from verl_agent.rollout.tensor_handles import dumps_by_handle, share_cpu
 
 __all__ = [
     "SGLangEngine", "SGLangError", "SUPPORTED_SGLANG_VERSIONS",
@@ -98,18 +96,10 @@ def abort_payload() -> dict[str, Any]:
 def tensor_payload(named_tensors: list[tuple[str, torch.Tensor]], tp_size: int = 1, flush: bool = True) -> dict:
     """Body of ``POST /update_weights_from_tensor``: tensors pickled by handle, base64 per TP rank.
 
-    CUDA tensors travel as CUDA IPC handles. CPU tensors must be in shared memory under the
-    "file_system" strategy (the server cannot receive file descriptors over HTTP); pass clones
-    already moved there (see `_share_cpu`). The caller keeps them alive until the reply.
+    CUDA tensors travel as CUDA IPC handles; CPU tensors must already be in shared memory (pass
+    `share_cpu` clones). The caller keeps them alive until the reply.
     """
-    previous = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    try:
-        buf = io.BytesIO()
-        ForkingPickler(buf).dump(named_tensors)
-    finally:
-        torch.multiprocessing.set_sharing_strategy(previous)
-    blob = base64.b64encode(buf.getvalue()).decode()
+    blob = base64.b64encode(dumps_by_handle(named_tensors)).decode()
     return {"serialized_named_tensors": [blob] * tp_size, "flush_cache": flush}
 
 
@@ -121,13 +111,6 @@ def disk_payload(path: str | os.PathLike, load_format: str | None = None) -> dic
 def memory_payload(tags: Iterable[str]) -> dict[str, Any]:
     """Body of ``/release_memory_occupation`` and ``/resume_memory_occupation``."""
     return {"tags": list(tags)}
-
-
-def _share_cpu(t: torch.Tensor) -> torch.Tensor:
-    """A shareable copy: CUDA tensors as they are; CPU tensors cloned into shared memory
-    (never move the caller's own parameter storage into shared memory)."""
-    t = t.detach()
-    return t.contiguous() if t.is_cuda else t.clone().share_memory_()
 
 
 def _free_port() -> int:
@@ -330,7 +313,7 @@ class SGLangEngine:
             if size and size + t.numel() * t.element_size() > self.bucket_bytes:
                 buckets.append([])
                 size = 0
-            buckets[-1].append((name, _share_cpu(t)))
+            buckets[-1].append((name, share_cpu(t)))
             size += t.numel() * t.element_size()
         # 0.5.23 requires a begin/end session around tensor loads; older servers have no such endpoint.
         has_session = await self._call("POST", "/begin_weight_update", {"selector": "all"}, ok_404=True) is not None

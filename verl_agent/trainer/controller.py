@@ -33,7 +33,8 @@ from verl_agent.trainer.worker import AdvantageResult, RolloutResult, TrainWorke
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerGroup", "WorkerFailure", "cpus_needed", "init_ray", "shard_list", "shard_sizes", "unshard"]
+__all__ = ["WorkerGroup", "WorkerFailure", "cpus_needed", "init_ray", "shard_list", "shard_sizes", "unshard",
+           "weights_by_handle"]
 
 T = TypeVar("T")
 
@@ -91,6 +92,12 @@ def unshard(parts: Sequence[Sequence[T]]) -> list[T]:
     return [x for p in parts for x in p]
 
 
+def weights_by_handle(transport: str, rank0: dict[str, Any], rollout_infos: Sequence[dict[str, Any]]) -> list[bool]:
+    """Per rollout worker (split placement): does train rank 0 send it the weights by handle? Only with
+    trainer.weight_transport=auto and where it can map rank 0's memory (setup's `memory` keys match)."""
+    return [transport == "auto" and r["memory"] == rank0["memory"] for r in rollout_infos]
+
+
 @dataclass
 class WorkerGroup:
     """`world_size` TrainWorkers in one process group, placed on `nnodes` nodes.
@@ -107,6 +114,7 @@ class WorkerGroup:
     info: list[dict] = field(default_factory=list)
     bytes_moved: int = 0
     rollouts: list = field(default_factory=list)  # split placement: the RolloutWorkers
+    by_handle: list[bool] = field(default_factory=list)  # per RolloutWorker: can it map train rank 0's memory?
     rollout_pg: Any = None
     rollout_info: list[dict] = field(default_factory=list)
 
@@ -151,11 +159,13 @@ class WorkerGroup:
             setups = [w.setup.remote(addr, port) for w in group.workers] + [r.setup.remote() for r in group.rollouts]
             infos = group._get(setups, "setup")
             group.info, group.rollout_info = infos[:world], infos[world:]
+            group.by_handle = weights_by_handle(t.weight_transport, group.info[0], group.rollout_info)
         except BaseException:  # never leak the workers' CPUs/GPUs to the next run in this cluster
             group.shutdown(graceful=False)
             raise
         logger.info("%d train workers ready: %s%s", world, [(i["rank"], i["node"], i["device"]) for i in
-                    group.info], f"; rollout workers: {group.rollout_info}" if split else "")
+                    group.info], f"; rollout workers: {group.rollout_info}, weights by handle: {group.by_handle}"
+                    if split else "")  # fmt: skip
         return group
 
     # -- typed calls -----------------------------------------------------------------------------
@@ -218,8 +228,8 @@ class WorkerGroup:
             return max(self._get([w.sync_weights.remote(version) for w in self.workers], "sync_weights"))
         self._get([r.pause.remote(pause_drains(self.cfg)) for r in self.rollouts], "pause")
         try:
-            return max(self._get([w.push_weights.remote(version, self.rollouts) for w in self.workers],
-                                 "push_weights"))  # fmt: skip
+            return max(self._get([w.push_weights.remote(version, self.rollouts, self.by_handle)
+                                  for w in self.workers], "push_weights"))  # fmt: skip
         finally:
             self._get([r.resume.remote(version) for r in self.rollouts], "resume")
 

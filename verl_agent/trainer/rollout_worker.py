@@ -9,7 +9,8 @@ Placement (trainer.placement):
   the train workers where only one is present). The engines never sleep. Finished GRPO groups go
   from the rollout workers to the train ranks through Ray's object store, never through the driver
   (`RolloutWorker.take` returns one object per train rank); train rank 0 streams the weights to
-  every rollout worker after each update (`TrainWorker.push_weights`).
+  every rollout worker after each update (`TrainWorker.push_weights`): by handle where the rollout
+  worker can map rank 0's memory (same host; on GPU the same card), else through the object store.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from verl_agent.protocol import Sample, Trajectory
 from verl_agent.rollout.engine import SamplingParams
 from verl_agent.rollout.metrics import TrajectorySummary
 from verl_agent.rollout.stream import Group, RolloutStream
+from verl_agent.rollout.tensor_handles import loads_by_handle, memory_key
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +183,8 @@ class RolloutWorker:
             torch.cuda.set_device(device)
         import_external_lib(cfg.actor_rollout_ref.model)
         self.host = RolloutHost(cfg, self.index, resolve_model_path(cfg.actor_rollout_ref.model.path), device)
-        return {"rollout_worker": self.index, "device": str(device), "node": ray.util.get_node_ip_address()}
+        return {"rollout_worker": self.index, "device": str(device), "node": ray.util.get_node_ip_address(),
+                "memory": memory_key(device)}
 
     def feed(self, samples: list[Sample], n: int, sampling: SamplingParams, batch: int) -> None:
         self.host.feed(samples, n, sampling, batch)
@@ -207,6 +210,14 @@ class RolloutWorker:
 
     def load_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         self.host.load(bucket)
+
+    def load_weights_by_handle(self, blob: bytes) -> None:
+        """Load a bucket that train rank 0 shares by handle (`dumps_by_handle`); the copies are complete on
+        return, so rank 0 may overwrite or free the memory behind the handles."""
+        bucket = loads_by_handle(blob)
+        self.host.load(bucket)
+        if any(t.is_cuda for _, t in bucket):
+            torch.cuda.synchronize()
 
     def resume(self, version: int) -> None:
         self.host.resume(version)

@@ -38,6 +38,7 @@ from verl_agent.protocol import Sample, Trajectory
 from verl_agent.rollout.engine import SamplingParams
 from verl_agent.rollout.metrics import TrajectorySummary
 from verl_agent.rollout.stream import Group
+from verl_agent.rollout.tensor_handles import HandleStaging, dumps_by_handle, memory_key
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.actor import (
     MicroBatching, _all_reduce, forward_log_probs, forward_values, micro_batches, update_actor, update_critic,
@@ -115,6 +116,7 @@ class TrainWorker:
         self._pending: list[int] = []  # positions in self.trajs whose records wait for their advantages
         self.version = 0  # policy version of the engine's weights (the step whose update it holds)
         self.seqs: list[TrainSeq] = []  # ... those that may be trained on, as training sequences
+        self.staging = HandleStaging()  # split placement, rank 0: CPU buckets shared with rollout workers
 
     def node_address(self) -> tuple[str, int]:
         """(IP of this node, a free port): where rank 0 hosts the process-group rendezvous."""
@@ -167,7 +169,7 @@ class TrainWorker:
             self.tokenizer = load_tokenizer(arr.model)
         n_params = sum(p.numel() for p in self.actor.parameters())  # DTensor.numel() is the full size
         return {"rank": self.rank, "device": str(self.device), "node": ray.util.get_node_ip_address(),
-                "node_id": ray.get_runtime_context().get_node_id(),
+                "node_id": ray.get_runtime_context().get_node_id(), "memory": memory_key(self.device),
                 "num_parameters": int(n_params), "pid": os.getpid()}
 
     def _optimizer(self, model: torch.nn.Module, optim_cfg) -> tuple[torch.optim.Optimizer, Any]:
@@ -346,16 +348,30 @@ class TrainWorker:
             host.resume(self.version)
         return time.perf_counter() - t0
 
-    def push_weights(self, version: int, rollout_workers: list) -> float:
+    def push_weights(self, version: int, rollout_workers: list, by_handle: list[bool]) -> float:
         """Split placement: stream the full parameters to every RolloutWorker (already paused); seconds.
 
-        Collective (every rank gathers); rank 0 puts each bucket in the object store once, on the host,
-        and waits until every rollout worker has loaded it before gathering the next."""
+        Collective (every rank gathers); rank 0 sends each bucket and waits until every rollout worker has
+        loaded it before gathering the next. A worker that can map rank 0's memory (`by_handle`: same host,
+        and on GPU the same card) gets handles: CUDA IPC, or on CPU one shared-memory staging buffer when
+        /dev/shm has room, so the bytes are copied once. Any other worker reads the bucket from Ray's
+        object store, put there once, on the host.
+        """
         t0 = time.perf_counter()
         for bucket in iter_full_param_buckets(self.actor, self._bucket_bytes(), dtype=self._engine_dtype()):
-            if self.rank == 0:
+            if self.rank != 0:
+                continue
+            shared = self.staging.pack(bucket) if any(by_handle) and self.staging.fits(bucket) else None
+            calls, far = [], []
+            for worker, near in zip(rollout_workers, by_handle, strict=True):
+                if near and shared is not None:  # one pickle per receiver: each takes a reference
+                    calls.append(worker.load_weights_by_handle.remote(dumps_by_handle(shared)))
+                else:
+                    far.append(worker)
+            if far:
                 ref = ray.put([(name, t.detach().cpu()) for name, t in bucket])
-                ray.get([w.load_weights.remote(ref) for w in rollout_workers])
+                calls += [w.load_weights.remote(ref) for w in far]
+            ray.get(calls)
         self.version = version
         return time.perf_counter() - t0
 
