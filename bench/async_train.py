@@ -140,8 +140,8 @@ def main() -> None:
     p.add_argument("--staleness", type=int, default=2, help="async mode's max_staleness")
     p.add_argument("--modes", nargs="+", default=["sync", "one_step_off", "async"],
                    choices=["sync", "one_step_off", "async"], help="the first one is the reference (x sync)")
-    p.add_argument("--split", nargs="*", choices=["auto", "object_store"], default=None, metavar="TRANSPORT",
-                   help="also async with trainer.placement=split (one rollout worker; on one GPU it gets half of "
+    p.add_argument("--split", nargs="*", choices=["auto", "collective", "object_store"], default=None,
+                   metavar="TRANSPORT", help="also async with trainer.placement=split (one rollout worker; on one GPU it gets half of "
                    "it, the train worker the other half), once per trainer.weight_transport given (default auto)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="async-bench-"))

@@ -1,7 +1,9 @@
-"""Split placement's weight push, train rank 0 -> one RolloutWorker: by handle vs through Ray's object store.
+"""Split placement's weight push, train rank 0 -> one RolloutWorker, per trainer.weight_transport.
 
-    python bench/weight_sync.py --model 0.5b                       # CPU: shared memory vs object store
-    python bench/weight_sync.py --device cuda --model 0.5b         # one GPU, half each: CUDA IPC vs object store
+    python bench/weight_sync.py --model 0.5b                # CPU: shared memory, gloo broadcast, object store
+    python bench/weight_sync.py --device cuda --model 0.5b --transports auto object_store
+                                                            # one GPU, half each: CUDA IPC vs object store
+                                                            # (NCCL cannot join two ranks on one GPU)
 
 One WorkerGroup per trainer.weight_transport (placement split, one train rank, one rollout worker; the same
 random Qwen2-shaped model as bench/async_train.py), one untimed push, then --repeat timed pushes, each
@@ -35,7 +37,8 @@ def push(base: list[str], transport: str, repeat: int, gpu: bool) -> dict[str, f
                              "trainer.num_cpu_workers=1", *(["trainer.rollout_gpus_per_worker=0.5"] if gpu else [])])
     group = WorkerGroup.create(cfg)
     try:
-        assert group.by_handle == [transport == "auto"], f"{transport}: by_handle is {group.by_handle}"
+        route = {"auto": "handle", "collective": "collective", "object_store": "object_store"}[transport]
+        assert group.routes == [route], f"{transport}: the rollout worker's route is {group.routes}"
         group.sync_weights(version=1)  # untimed: first touch of the staging memory, IPC handles opened
         seconds = []
         for version in range(2, repeat + 2):
@@ -57,7 +60,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--model", default="0.5b", choices=["tiny", "0.5b", "7b"])
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--transports", nargs="+", default=["auto", "object_store"], choices=["auto", "object_store"])
+    p.add_argument("--transports", nargs="+", default=["auto", "collective", "object_store"],
+                   choices=["auto", "collective", "object_store"])
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="weight-sync-bench-"))
     shape = argparse.Namespace(device=args.device, model=args.model, batch=1, steps=1, turns=1, max_new=8,

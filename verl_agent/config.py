@@ -345,10 +345,11 @@ class TrainerConfig(Section):
     rollout_gpus_per_worker: float = Field(1.0, gt=0, description="split, on GPU: GPUs per rollout worker; a "
                                            "fraction below 1 shares a GPU with a train worker, which then takes "
                                            "the rest of it (Ray fractional GPUs)")
-    weight_transport: Literal["auto", "object_store"] = Field(
+    weight_transport: Literal["auto", "collective", "object_store"] = Field(
         "auto", description="split: how train rank 0 sends the weights. auto: by handle to every rollout worker "
         "that can map its memory (same host; on GPU the same card: CUDA IPC; on CPU shared memory in /dev/shm "
-        "while it has room), through Ray's object store to the others. object_store: always the object store")
+        "while it has room), by broadcast in a process group of their own (NCCL between GPUs, gloo on CPU) to "
+        "the others. collective: the broadcast to every worker. object_store: Ray's object store for all")
     max_infra_failure_fraction: float = Field(
         0.2, ge=0, le=1, description="stop the run when more than this share of a step's trajectories failed "
         "for infrastructure reasons (engine, sandbox, tool crash, reward fn, interaction)")

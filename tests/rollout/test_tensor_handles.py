@@ -9,7 +9,7 @@ import multiprocessing as mp
 import torch
 
 from verl_agent.rollout.tensor_handles import HandleStaging, dumps_by_handle, memory_key
-from verl_agent.trainer.controller import weights_by_handle
+from verl_agent.trainer.controller import weight_routes
 
 
 def _read_in_child(blob: bytes, out) -> None:
@@ -56,8 +56,9 @@ def test_a_bucket_larger_than_dev_shm_does_not_fit():
     assert not HandleStaging().fits(huge)
 
 
-def test_weights_by_handle_only_where_the_memory_keys_match_and_transport_is_auto():
+def test_weights_go_by_handle_only_where_the_memory_keys_match_and_transport_is_auto():
     rank0 = {"memory": "host/boot/cpu"}
     infos = [{"memory": "host/boot/cpu"}, {"memory": "other/boot/cpu"}]
-    assert weights_by_handle("auto", rank0, infos) == [True, False]
-    assert weights_by_handle("object_store", rank0, infos) == [False, False]
+    assert weight_routes("auto", rank0, infos) == ["handle", "collective"]
+    assert weight_routes("collective", rank0, infos) == ["collective", "collective"]
+    assert weight_routes("object_store", rank0, infos) == ["object_store", "object_store"]

@@ -2,8 +2,8 @@
 RolloutWorker actors. One rollout worker feeding one train rank is the colocated run step for step, also
 across a resume from a checkpoint; with
 2 train ranks and 1 rollout worker the groups reach the ranks through the object store, async training
-trains every sample exactly once, and a weight sync leaves every engine with the actor's weights, by handle
-(shared memory) and through the object store.
+trains every sample exactly once, and a weight sync leaves every engine with the actor's weights by each
+route: a gloo broadcast, shared memory, the object store.
 """
 
 from __future__ import annotations
@@ -57,15 +57,16 @@ def test_sync_gives_every_rollout_worker_the_actors_weights(ray_cluster, make_cf
     from verl_agent.rollout.build import sampling_params
 
     cfg = make_cfg("trainer.placement=split", "trainer.rollout_workers=2", "trainer.num_cpu_workers=1",
-                   "actor_rollout_ref.actor.optim.lr=1e-2")
+                   "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.weight_transport=collective")
     group = WorkerGroup.create(cfg)
     try:
         actor, *engines = group.weights_digests()
         assert engines == [pytest.approx(actor, rel=1e-9)] * 2  # both loaded the same model
-        assert group.by_handle == [True, True]  # one host, CPU: the weights go through shared memory
+        assert group.routes == ["collective", "collective"]  # both joined rank 0's gloo WeightGroup
         seqs = random_seqs(8, 300)
-        for step, by_handle in [(1, [True, True]), (2, [False, True])]:  # then one through the object store
-            group.by_handle = by_handle
+        # a broadcast to both; then shared memory (the default on one host) and the object store side by side
+        for step, routes in [(1, ["collective", "collective"]), (2, ["handle", "object_store"])]:
+            group.routes = routes
             for s in seqs:
                 s.advantages = torch.randn(s.response_len)
             group.set_sequences(shard_list(seqs, group.world_size))

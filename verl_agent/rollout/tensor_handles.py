@@ -10,6 +10,7 @@ has copied them. Used by the SGLang engine's weight updates and by the split pla
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import socket
@@ -21,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing  # registers torch's reducers with ForkingPickler
 
-__all__ = ["HandleStaging", "dumps_by_handle", "loads_by_handle", "memory_key", "share_cpu"]
+__all__ = ["FlatSpec", "HandleStaging", "dumps_by_handle", "flat_specs", "flat_views", "loads_by_handle", "memory_key",
+           "pack_flat", "share_cpu"]
 
 
 @contextmanager
@@ -70,22 +72,44 @@ def memory_key(device: torch.device) -> str:
     return f"{host}/{device.type}"
 
 
+FlatSpec = tuple[str, torch.dtype, tuple[int, ...], int]  # name, dtype, shape, byte offset in a flat buffer
+ALIGN = 64  # bytes: every tensor of a flat buffer starts aligned, whatever the dtypes before it
+
+
+def flat_specs(bucket: Sequence[tuple[str, torch.Tensor]]) -> tuple[list[FlatSpec], int]:
+    """Where each tensor of `bucket` goes in one flat byte buffer, and the buffer's size."""
+    specs, total = [], 0
+    for name, t in bucket:
+        specs.append((name, t.dtype, tuple(t.shape), total))
+        total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    return specs, total
+
+
+def flat_views(buf: torch.Tensor, specs: Sequence[FlatSpec]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of a flat uint8 buffer laid out by `flat_specs` (views: they share its memory)."""
+    out = []
+    for name, dtype, shape, off in specs:
+        n = math.prod(shape) * dtype.itemsize
+        out.append((name, buf[off:off + n].view(dtype).view(shape)))
+    return out
+
+
+def pack_flat(bucket: Sequence[tuple[str, torch.Tensor]], buf: torch.Tensor, specs: Sequence[FlatSpec]
+              ) -> list[tuple[str, torch.Tensor]]:  # fmt: skip
+    """Copy `bucket` into `buf` (at least as large as `flat_specs` says); returns the views."""
+    views = flat_views(buf, specs)
+    for (_, t), (_, view) in zip(bucket, views):
+        view.copy_(t.detach())
+    return views
+
+
 class HandleStaging:
     """One flat shared-memory buffer, reused, that CPU buckets are packed into before `dumps_by_handle`
     (one shared file per push instead of one per tensor). CUDA buckets need no staging: IPC maps
     the tensors where they are."""
 
-    ALIGN = 64  # bytes: every tensor starts aligned, whatever the dtypes before it
-
     def __init__(self) -> None:
         self.buf: torch.Tensor | None = None
-
-    def _layout(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> tuple[list[int], int]:
-        offsets, total = [], 0
-        for _, t in bucket:
-            offsets.append(total)
-            total += -(-t.numel() * t.element_size() // self.ALIGN) * self.ALIGN
-        return offsets, total
 
     def fits(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> bool:
         """Whether `pack` can take the bucket: always on CUDA; on CPU when /dev/shm has room for the staging
@@ -93,7 +117,7 @@ class HandleStaging:
         SIGBUS instead of raising)."""
         if all(t.is_cuda for _, t in bucket):
             return True
-        need = self._layout(bucket)[1]
+        need = flat_specs(bucket)[1]
         if self.buf is not None and self.buf.numel() >= need:
             return True
         st = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
@@ -104,14 +128,9 @@ class HandleStaging:
         valid until the next `pack`: the receiver must have copied them by then. Check `fits` first."""
         if all(t.is_cuda for _, t in bucket):
             return [(n, t.detach().contiguous()) for n, t in bucket]
-        offsets, total = self._layout(bucket)
+        specs, total = flat_specs(bucket)
         if self.buf is None or self.buf.numel() < total:
             self.buf = None  # free the old buffer before the bigger one
             with _file_system_strategy():
                 self.buf = torch.empty(total, dtype=torch.uint8).share_memory_()
-        out = []
-        for (name, t), off in zip(bucket, offsets):
-            view = self.buf[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            view.copy_(t.detach())
-            out.append((name, view))
-        return out
+        return pack_flat(bucket, self.buf, specs)

@@ -34,7 +34,7 @@ from verl_agent.trainer.worker import AdvantageResult, RolloutResult, TrainWorke
 logger = logging.getLogger(__name__)
 
 __all__ = ["WorkerGroup", "WorkerFailure", "cpus_needed", "init_ray", "shard_list", "shard_sizes", "unshard",
-           "weights_by_handle"]
+           "weight_routes"]
 
 T = TypeVar("T")
 
@@ -92,10 +92,14 @@ def unshard(parts: Sequence[Sequence[T]]) -> list[T]:
     return [x for p in parts for x in p]
 
 
-def weights_by_handle(transport: str, rank0: dict[str, Any], rollout_infos: Sequence[dict[str, Any]]) -> list[bool]:
-    """Per rollout worker (split placement): does train rank 0 send it the weights by handle? Only with
-    trainer.weight_transport=auto and where it can map rank 0's memory (setup's `memory` keys match)."""
-    return [transport == "auto" and r["memory"] == rank0["memory"] for r in rollout_infos]
+def weight_routes(transport: str, rank0: dict[str, Any], rollout_infos: Sequence[dict[str, Any]]) -> list[str]:
+    """How train rank 0 sends the weights to each rollout worker (split placement): "handle" where it can
+    map rank 0's memory (setup's `memory` keys match) and trainer.weight_transport is auto, else
+    "collective" (a `WeightGroup` broadcast), or "object_store" for every worker when asked."""
+    if transport == "object_store":
+        return ["object_store"] * len(rollout_infos)
+    return ["handle" if transport == "auto" and r["memory"] == rank0["memory"] else "collective"
+            for r in rollout_infos]
 
 
 @dataclass
@@ -114,7 +118,7 @@ class WorkerGroup:
     info: list[dict] = field(default_factory=list)
     bytes_moved: int = 0
     rollouts: list = field(default_factory=list)  # split placement: the RolloutWorkers
-    by_handle: list[bool] = field(default_factory=list)  # per RolloutWorker: can it map train rank 0's memory?
+    routes: list[str] = field(default_factory=list)  # per RolloutWorker: how the weights reach it (weight_routes)
     rollout_pg: Any = None
     rollout_info: list[dict] = field(default_factory=list)
 
@@ -159,12 +163,13 @@ class WorkerGroup:
             setups = [w.setup.remote(addr, port) for w in group.workers] + [r.setup.remote() for r in group.rollouts]
             infos = group._get(setups, "setup")
             group.info, group.rollout_info = infos[:world], infos[world:]
-            group.by_handle = weights_by_handle(t.weight_transport, group.info[0], group.rollout_info)
+            group.routes = weight_routes(t.weight_transport, group.info[0], group.rollout_info)
+            group._join_weight_group()
         except BaseException:  # never leak the workers' CPUs/GPUs to the next run in this cluster
             group.shutdown(graceful=False)
             raise
         logger.info("%d train workers ready: %s%s", world, [(i["rank"], i["node"], i["device"]) for i in
-                    group.info], f"; rollout workers: {group.rollout_info}, weights by handle: {group.by_handle}"
+                    group.info], f"; rollout workers: {group.rollout_info}, weights: {group.routes}"
                     if split else "")  # fmt: skip
         return group
 
@@ -228,7 +233,7 @@ class WorkerGroup:
             return max(self._get([w.sync_weights.remote(version) for w in self.workers], "sync_weights"))
         self._get([r.pause.remote(pause_drains(self.cfg)) for r in self.rollouts], "pause")
         try:
-            return max(self._get([w.push_weights.remote(version, self.rollouts, self.by_handle)
+            return max(self._get([w.push_weights.remote(version, self.rollouts, self.routes)
                                   for w in self.workers], "push_weights"))  # fmt: skip
         finally:
             self._get([r.resume.remote(version) for r in self.rollouts], "resume")
@@ -261,6 +266,17 @@ class WorkerGroup:
         return self._get([w.export_hf.remote(path) for w in self.workers], "export_hf")[0]
 
     # -- plumbing --------------------------------------------------------------------------------
+
+    def _join_weight_group(self) -> None:
+        """Build the `WeightGroup` of train rank 0 and the rollout workers routed "collective" (if any)."""
+        members = [r for r, route in zip(self.rollouts, self.routes) if route == "collective"]
+        if not members:
+            return
+        addr, port = self._get([self.workers[0].node_address.remote()], "node_address")[0]
+        size = len(members) + 1
+        self._get([self.workers[0].join_weight_group.remote(addr, port, size)]
+                  + [r.join_weight_group.remote(addr, port, i + 1, size) for i, r in enumerate(members)],
+                  "join_weight_group")  # fmt: skip
 
     def _count(self, *objs: Any) -> None:
         self.bytes_moved += sum(len(pickle.dumps(o)) for o in objs)

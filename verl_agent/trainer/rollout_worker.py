@@ -10,7 +10,8 @@ Placement (trainer.placement):
   from the rollout workers to the train ranks through Ray's object store, never through the driver
   (`RolloutWorker.take` returns one object per train rank); train rank 0 streams the weights to
   every rollout worker after each update (`TrainWorker.push_weights`): by handle where the rollout
-  worker can map rank 0's memory (same host; on GPU the same card), else through the object store.
+  worker can map rank 0's memory (same host; on GPU the same card), else by a broadcast in a
+  process group of their own (`WeightGroup`: NCCL between GPUs, gloo on CPU).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class RolloutHost:
         from verl_agent.rollout.build import build_rollout
         from verl_agent.trainer.fsdp import load_causal_lm
 
-        self.cfg, self.rank = cfg, rank
+        self.cfg, self.rank, self.device = cfg, rank, device
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True).start()
         arr = cfg.actor_rollout_ref
@@ -217,6 +218,17 @@ class RolloutWorker:
         bucket = loads_by_handle(blob)
         self.host.load(bucket)
         if any(t.is_cuda for _, t in bucket):
+            torch.cuda.synchronize()
+
+    def join_weight_group(self, addr: str, port: int, rank: int, size: int) -> None:
+        from verl_agent.trainer.weight_group import WeightGroup
+
+        self.weight_group = WeightGroup(addr, port, rank, size, self.host.device)
+
+    def load_weights_broadcast(self, specs: list, total: int) -> None:
+        """Receive one bucket from train rank 0's broadcast in the `WeightGroup` and load it."""
+        self.host.load(self.weight_group.recv(specs, total))
+        if self.host.device.type == "cuda":
             torch.cuda.synchronize()
 
     def resume(self, version: int) -> None:

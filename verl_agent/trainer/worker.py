@@ -38,7 +38,7 @@ from verl_agent.protocol import Sample, Trajectory
 from verl_agent.rollout.engine import SamplingParams
 from verl_agent.rollout.metrics import TrajectorySummary
 from verl_agent.rollout.stream import Group
-from verl_agent.rollout.tensor_handles import HandleStaging, dumps_by_handle, memory_key
+from verl_agent.rollout.tensor_handles import HandleStaging, dumps_by_handle, flat_specs, memory_key
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.actor import (
     MicroBatching, _all_reduce, forward_log_probs, forward_values, micro_batches, update_actor, update_critic,
@@ -117,6 +117,7 @@ class TrainWorker:
         self.version = 0  # policy version of the engine's weights (the step whose update it holds)
         self.seqs: list[TrainSeq] = []  # ... those that may be trained on, as training sequences
         self.staging = HandleStaging()  # split placement, rank 0: CPU buckets shared with rollout workers
+        self.weight_group: Any = None  # split placement, rank 0: the WeightGroup, when a worker is routed there
 
     def node_address(self) -> tuple[str, int]:
         """(IP of this node, a free port): where rank 0 hosts the process-group rendezvous."""
@@ -348,29 +349,38 @@ class TrainWorker:
             host.resume(self.version)
         return time.perf_counter() - t0
 
-    def push_weights(self, version: int, rollout_workers: list, by_handle: list[bool]) -> float:
+    def join_weight_group(self, addr: str, port: int, size: int) -> None:
+        """Rank 0, split placement: host the `WeightGroup` that rollout workers on other GPUs or hosts join."""
+        from verl_agent.trainer.weight_group import WeightGroup
+
+        self.weight_group = WeightGroup(addr, port, 0, size, self.device)
+
+    def push_weights(self, version: int, rollout_workers: list, routes: list[str]) -> float:
         """Split placement: stream the full parameters to every RolloutWorker (already paused); seconds.
 
         Collective (every rank gathers); rank 0 sends each bucket and waits until every rollout worker has
-        loaded it before gathering the next. A worker that can map rank 0's memory (`by_handle`: same host,
-        and on GPU the same card) gets handles: CUDA IPC, or on CPU one shared-memory staging buffer when
-        /dev/shm has room, so the bytes are copied once. Any other worker reads the bucket from Ray's
-        object store, put there once, on the host.
+        loaded it before gathering the next, by the worker's route (`controller.weight_routes`): "handle"
+        (CUDA IPC, or on CPU one shared-memory staging buffer when /dev/shm has room; else the object
+        store), "collective" (one broadcast in the `WeightGroup`), "object_store" (put once, on the host).
         """
         t0 = time.perf_counter()
         for bucket in iter_full_param_buckets(self.actor, self._bucket_bytes(), dtype=self._engine_dtype()):
             if self.rank != 0:
                 continue
-            shared = self.staging.pack(bucket) if any(by_handle) and self.staging.fits(bucket) else None
-            calls, far = [], []
-            for worker, near in zip(rollout_workers, by_handle, strict=True):
-                if near and shared is not None:  # one pickle per receiver: each takes a reference
+            shared = self.staging.pack(bucket) if "handle" in routes and self.staging.fits(bucket) else None
+            calls, members, far = [], [], []
+            for worker, route in zip(rollout_workers, routes, strict=True):
+                if route == "handle" and shared is not None:  # one pickle per receiver: each takes a reference
                     calls.append(worker.load_weights_by_handle.remote(dumps_by_handle(shared)))
                 else:
-                    far.append(worker)
+                    (members if route == "collective" else far).append(worker)
             if far:
                 ref = ray.put([(name, t.detach().cpu()) for name, t in bucket])
                 calls += [w.load_weights.remote(ref) for w in far]
+            if members:
+                specs, total = flat_specs(bucket)
+                calls += [w.load_weights_broadcast.remote(specs, total) for w in members]
+                self.weight_group.send(bucket, specs, total)
             ray.get(calls)
         self.version = version
         return time.perf_counter() - t0
