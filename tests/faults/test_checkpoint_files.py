@@ -20,7 +20,7 @@ from verl_agent.trainer.tracking import Tracker
 def _save(run: Path, step: int, payload: bytes = b"x" * 1000) -> Path:
     tmp = ckpt.tmp_dir(run, step)
     (tmp / "actor").mkdir()
-    (tmp / "actor" / "__0_0.distcp").write_bytes(payload)
+    (tmp / "actor" / "rank0_0.bin").write_bytes(payload)
     (tmp / "extra_rank0.pt").write_bytes(payload[:10])
     return tmp
 
@@ -28,7 +28,7 @@ def _save(run: Path, step: int, payload: bytes = b"x" * 1000) -> Path:
 def test_finalize_writes_a_marker_listing_every_file_and_points_latest_at_it(tmp_path):
     final = ckpt.finalize(_save(tmp_path, 1), {"step": 1})
     marker = json.loads((final / ckpt.MARKER).read_text())
-    assert marker == {"step": 1, "files": {"actor/__0_0.distcp": 1000, "driver_state.json": 11, "extra_rank0.pt": 10}}
+    assert marker == {"step": 1, "files": {"actor/rank0_0.bin": 1000, "driver_state.json": 11, "extra_rank0.pt": 10}}
     assert ckpt.verify(final) is None
     assert (tmp_path / ckpt.CKPT_DIR / ckpt.LATEST).read_text() == "1"
     assert ckpt.find_latest(tmp_path) == (final, [])
@@ -67,13 +67,13 @@ def test_load_skips_truncated_unmarked_and_missing_checkpoints_and_says_why(tmp_
     for step in (1, 2, 3, 4):
         ckpt.finalize(_save(tmp_path, step), {"step": step})
     root = tmp_path / ckpt.CKPT_DIR
-    os.truncate(root / "global_step_4" / "actor" / "__0_0.distcp", 500)
+    os.truncate(root / "global_step_4" / "actor" / "rank0_0.bin", 500)
     (root / "global_step_3" / ckpt.MARKER).unlink()
     (root / "global_step_2" / "extra_rank0.pt").unlink()
     path, skipped = ckpt.find_latest(tmp_path)
     assert path.name == "global_step_1"
     assert skipped == [
-        "global_step_4 is not a complete checkpoint: actor/__0_0.distcp is 500 bytes, 1000 when written "
+        "global_step_4 is not a complete checkpoint: actor/rank0_0.bin is 500 bytes, 1000 when written "
         "(truncated or overwritten)",
         "global_step_3 is not a complete checkpoint: no completion marker (complete.json): it was never finished",
         "global_step_2 is not a complete checkpoint: extra_rank0.pt is missing",

@@ -290,7 +290,7 @@ def test_restart_falls_back_from_a_truncated_checkpoint_and_says_so(chain, refer
     """
     assert latest_step(chain.run) == 4
     newest = chain.run / ckpt.CKPT_DIR / "global_step_4"
-    shard = max(newest.rglob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard = max(newest.rglob("*.bin"), key=lambda p: p.stat().st_size)
     size = shard.stat().st_size
     os.truncate(shard, size // 2)
     assert ckpt.latest_checkpoint(chain.run).name == "global_step_3"

@@ -3,7 +3,7 @@
 Layout under ``<run dir>/checkpoints``::
 
     global_step_4/                  a complete checkpoint (renamed into place last)
-        actor/  critic/             torch.distributed.checkpoint (DCP) shards: model + optimizer
+        actor/  critic/             model + optimizer: per rank rank{r}_{i}.bin + rank{r}.json (state_files.py)
         extra_rank{r}.pt            per-rank LR scheduler and RNG states
         driver_state.json           step, data position, driver RNG, metrics of the step
         complete.json               the completion marker: every file above with its size (written last)
@@ -17,12 +17,12 @@ file, writes the marker (fsynced), fsyncs the directories, renames ``.tmp`` into
 "latest" intact. On load, a checkpoint counts only if its marker is there and every
 file it lists has its recorded size (a truncated or missing file fails the check);
 `find_latest` falls back to the newest checkpoint that passes and says why it skipped
-the others. Sizes, not checksums: hashing every shard of a large model would cost a full
-read per save, and DCP's own metadata rejects shards whose bytes do not parse.
+the others. Sizes, not checksums, here: hashing every file would cost a full read per save; the
+shards carry a CRC32 per tensor, computed while writing and checked when read.
 Multi-node runs need the run directory on storage every node can write.
 
-Both writers stream: DCP writes each rank's own shards with several threads
-(no full state is ever assembled), and `export_hf` gathers the full weights a
+Both writers stream: `state_files` writes each rank's own shards with several threads
+through reused staging buffers (no full state is ever assembled), and `export_hf` gathers the full weights a
 bucket at a time on the device and writes safetensors files of ``shard_bytes``,
 so host memory holds at most one file's worth of tensors.
 """
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 __all__ = ["CKPT_DIR", "LATEST", "MARKER", "tmp_dir", "finalize", "discard", "verify", "find_latest",
@@ -163,27 +164,25 @@ def restore_driver_rng(state: dict[str, Any]) -> None:
 
 def save_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 threads: int = 8) -> None:
-    """Collective: every rank writes its shard of model + optimizer state (DCP), ``threads`` files at once.
-
-    DCP does not fsync here (``sync_files``): `finalize` fsyncs every file of the checkpoint once, on
-    the driver, before the completion marker is written and the directory renamed into place.
-    """
-    import torch.distributed.checkpoint as dcp
+    """Collective: every rank writes its shard of model + optimizer state (`state_files`), ``threads`` files
+    at once through one staging buffer each, fsynced by the writers."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from verl_agent.trainer.state_files import save_state
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    writer = dcp.FileSystemWriter(str(path / name), thread_count=threads, sync_files=False)
-    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    save_state(path / name, {"model": model_sd, "optim": optim_sd}, rank, world, threads)
 
 
 def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: load this rank's shard in place (resharding to another world size is handled by DCP)."""
-    import torch.distributed.checkpoint as dcp
+    """Collective: load this rank's shard in place (from a checkpoint of any world size; CRC32-checked)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    from verl_agent.trainer.state_files import load_state
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path / name))
+    state = load_state(path / name, {"model": model_sd, "optim": optim_sd})
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
