@@ -4,6 +4,7 @@ them), optimizer moments and param groups included; a flipped byte or a truncate
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -100,7 +101,6 @@ def test_a_state_saved_by_two_ranks_loads_exactly_on_any_number(saved, world):
 
 
 def test_a_flipped_byte_or_a_truncated_file_is_refused_naming_the_tensor(saved, tmp_path):
-    import json
     import shutil
 
     directory, _ = saved
@@ -127,3 +127,17 @@ def test_a_flipped_byte_or_a_truncated_file_is_refused_naming_the_tensor(saved, 
     os.truncate(short / entry["file"], entry["offset"] + 1)
     with pytest.raises(ValueError, match=f"{entry['file']} ends inside tensor '{path}'"):
         load_state(short, state)
+
+
+def test_a_tied_tensor_is_written_once_and_loads_under_both_names(tmp_path):
+    """One process, plain tensors: the embedding/LM-head tie of small models appears under two names."""
+    tied, other = torch.randn(50, 4), torch.arange(6, dtype=torch.int32)
+    save_state(tmp_path, {"model": {"embed.weight": tied, "head.weight": tied, "step": other}}, 0, 1, threads=2)
+    index = json.loads((tmp_path / "rank0.json").read_text())["tensors"]
+    assert index["model/embed.weight"] == index["model/head.weight"]
+    assert sum(p.stat().st_size for p in tmp_path.glob("*.bin")) == tied.nbytes + other.nbytes
+    target = {"model": {"embed.weight": torch.zeros(50, 4), "head.weight": torch.zeros(50, 4),
+                        "step": torch.zeros(6, dtype=torch.int32)}}
+    load_state(tmp_path, target)
+    assert torch.equal(target["model"]["embed.weight"], tied) and torch.equal(target["model"]["head.weight"], tied)
+    assert torch.equal(target["model"]["step"], other)

@@ -4,7 +4,8 @@
 sharded) into ``threads`` files at once, each through one reused staging buffer (pinned for device
 tensors), fsynced by its writer thread; host memory never holds more than the staging buffers. An index,
 ``rank{r}.json``, records for every tensor its file, offset, dtype, local shape, global shape, first row
-in the global tensor (dim-0 sharding, as FSDP2's) and CRC32. Non-tensor state (optimizer param groups)
+in the global tensor (dim-0 sharding, as FSDP2's) and CRC32; a tensor under two names (tied weights) is
+written once and indexed twice. Non-tensor state (optimizer param groups)
 goes to ``objects.pt``, written by rank 0.
 
 `load_state` fills a state of the same structure (this rank's current shards) from those files: the rows
@@ -60,10 +61,15 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 def save_state(directory: Path, state: dict, rank: int, world_size: int, threads: int = 8) -> None:
     """Write this rank's tensors of `state` (nested dicts; DTensor or plain leaves) into `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
-    tensors, objects = [], {}
+    tensors, objects, aliases, seen = [], {}, {}, {}
     for path, leaf in _flatten(state):
         if torch.is_tensor(leaf):
             local, row = _local(leaf)
+            key = (local.data_ptr(), local.dtype, tuple(local.shape), local.stride()) if local.numel() else None
+            if key is not None and key in seen:  # tied weights (embeddings = LM head) appear under two names: write the bytes once
+                aliases[path] = seen[key]
+                continue
+            seen[key] = path
             tensors.append((path, leaf, local, row))
         else:
             objects[path] = leaf
@@ -105,6 +111,7 @@ def save_state(directory: Path, state: dict, rank: int, world_size: int, threads
         torch.cuda.synchronize()  # the optimizer's last kernels wrote these tensors on the default stream
     with ThreadPoolExecutor(threads) as pool:
         index = {k: v for part in pool.map(write, range(threads)) for k, v in part.items()}
+    index.update({path: index[original] for path, original in aliases.items()})
     meta = {"format": 1, "rank": rank, "world_size": world_size, "tensors": index}
     (directory / INDEX.format(rank)).write_text(json.dumps(meta))
 
