@@ -97,10 +97,11 @@ def tensor_payload(named_tensors: list[tuple[str, torch.Tensor]], tp_size: int =
     """Body of ``POST /update_weights_from_tensor``: tensors pickled by handle, base64 per TP rank.
 
     CUDA tensors travel as CUDA IPC handles; CPU tensors must already be in shared memory (pass
-    `share_cpu` clones). The caller keeps them alive until the reply.
+    `share_cpu` clones). The caller keeps them alive until the reply. One pickle per TP rank: each
+    unpickle releases the reference its pickle took on the shared memory.
     """
-    blob = base64.b64encode(dumps_by_handle(named_tensors)).decode()
-    return {"serialized_named_tensors": [blob] * tp_size, "flush_cache": flush}
+    blobs = [base64.b64encode(dumps_by_handle(named_tensors)).decode() for _ in range(tp_size)]
+    return {"serialized_named_tensors": blobs, "flush_cache": flush}
 
 
 def disk_payload(path: str | os.PathLike, load_format: str | None = None) -> dict[str, Any]:
