@@ -3,14 +3,16 @@ RolloutWorker actors. One rollout worker feeding one train rank is the colocated
 across a resume from a checkpoint; with
 2 train ranks and 1 rollout worker the groups reach the ranks through the object store, async training
 trains every sample exactly once, and a weight sync leaves every engine with the actor's weights by each
-route: a gloo broadcast, shared memory, the object store.
+route: a gloo broadcast, shared memory, the object store; a rollout worker that dies fails the push by name.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+import ray
 import torch
 
 from verl_agent.trainer.controller import WorkerGroup, shard_list
@@ -88,5 +90,12 @@ def test_sync_gives_every_rollout_worker_the_actors_weights(ray_cluster, make_cf
         assert all(s.oldest_version == 2 for r in results for s in r.summaries)
         group.compute_log_probs(n_minibatches=1)
         assert group.compute_advantages(0.0).sequences == 8  # the train rank holds all 8 trajectories
+        # a receiver that dies fails the push naming the rollout worker, within seconds (gloo sees the reset
+        # connection too; NCCL would wait for its timeout, which is why rank 0 watches the receiving calls)
+        ray.kill(group.rollouts[1])
+        t0 = time.monotonic()
+        with pytest.raises(ray.exceptions.RayError, match="RolloutWorker"):
+            ray.get(group.workers[0].push_weights.remote(9, group.rollouts, ["collective", "collective"]))
+        assert time.monotonic() - t0 < 30
     finally:
         group.shutdown()

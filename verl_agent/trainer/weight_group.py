@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 
@@ -40,11 +42,20 @@ class WeightGroup:
             self.buf = torch.empty(total, dtype=torch.uint8, device=self.device)
         return self.buf[:total]
 
-    def send(self, bucket: Sequence[tuple[str, torch.Tensor]], specs: Sequence[FlatSpec], total: int) -> None:
-        """Rank 0: broadcast `bucket` packed as `specs` says (the receivers were told the same specs)."""
+    def send(self, bucket: Sequence[tuple[str, torch.Tensor]], specs: Sequence[FlatSpec], total: int,
+             receivers: Sequence[Any] = ()) -> None:  # fmt: skip
+        """Rank 0: broadcast `bucket` packed as `specs` says (the receivers were told the same specs).
+
+        `receivers`: the Ray refs of the receiving calls. They are watched while the broadcast runs, so a
+        receiver that fails or dies raises here, by name, at once: NCCL does not notice a peer that is
+        gone or never joins, and would wait for its timeout."""
         buf = self._buffer(total)
         pack_flat(bucket, buf, specs)
-        self.pg.broadcast([buf]).wait()
+        work = self.pg.broadcast([buf])
+        while receivers and not work.is_completed():
+            done, _ = ray.wait(list(receivers), num_returns=len(receivers), timeout=0.2)
+            ray.get(done)  # raises the failure of a receiver that has already failed
+        work.wait()
 
     def recv(self, specs: Sequence[FlatSpec], total: int) -> list[tuple[str, torch.Tensor]]:
         """Other ranks: the bucket rank 0 sends, as views of this group's buffer (valid until the next recv)."""

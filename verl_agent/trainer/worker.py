@@ -379,8 +379,9 @@ class TrainWorker:
                 calls += [w.load_weights.remote(ref) for w in far]
             if members:
                 specs, total = flat_specs(bucket)
-                calls += [w.load_weights_broadcast.remote(specs, total) for w in members]
-                self.weight_group.send(bucket, specs, total)
+                receivers = [w.load_weights_broadcast.remote(specs, total) for w in members]
+                self.weight_group.send(bucket, specs, total, receivers)
+                calls += receivers
             ray.get(calls)
         self.version = version
         return time.perf_counter() - t0
