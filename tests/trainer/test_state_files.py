@@ -70,10 +70,13 @@ def _worker(rank: int, world: int, port: int, directory: str, mode: str, out) ->
             full = _full({"model": msd, "optim": osd})
             full["betas"] = torch.tensor(opt.param_groups[0]["betas"])
         if rank == 0:
-            out.put({k: v.tolist() for k, v in full.items()})
+            out.put({k: v.tolist() for k, v in full.items()})  # SimpleQueue: written before put returns
         dist.barrier()  # no rank leaves while another still talks to it
     finally:
         dist.destroy_process_group()
+    # Skip the interpreter's teardown once the work is done: gloo's threads, still referenced by the
+    # device mesh, can abort it ("terminate called without an active exception", seen in CI as SIGABRT).
+    os._exit(0)
 
 
 def _run(world: int, directory: Path, mode: str) -> dict:
