@@ -10,9 +10,10 @@ the trainer writes: bf16 parameters + two bf16 moments (7B: 45 GB). Then, in one
 - raw disk: sequential writes of --disk-gb GB by 1 and by 8 threads, fsynced (the ceiling for any writer);
 - device-to-host: one 2 GB copy into pageable and into pinned host memory;
 - raw state bytes: every tensor of the state copied through a pinned buffer per thread and appended to one of
-  8 files, fsynced: no format, no metadata (the floor for this state on this machine, not a checkpoint);
-- ours: `checkpoint.save_shards` + `checkpoint.finalize` as the trainer calls them (`state_files`: the raw
-  row's streaming plus an index and a CRC32 per tensor), then `load_shards` into a perturbed model,
+  8 files, fsynced: no format, no metadata (the floor for writing this state uncompressed, not a checkpoint);
+- ours: `checkpoint.save_shards` + `checkpoint.finalize` as the trainer calls them, once per --codecs value
+  (`state_files`; none: the raw row's streaming plus an index and a CRC32 per tensor; zstd: the same with
+  each tensor's most significant byte plane compressed), then `load_shards` into a perturbed model,
   checking that parameters and moments come back bit-exact;
 - each DCP variant picked by --variants (torch.distributed.checkpoint, what the trainer used until
   2026-12-05; variant 0 is its setting): writer threads, torch.save CRC32 on/off, fsync in the writer
@@ -35,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.grpo_step import SHAPES, Peaks  # noqa: E402
+from verl_agent.trainer.state_files import write_back  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False)
@@ -55,7 +57,8 @@ def fsync_tree(root: Path) -> None:
 
 
 def disk_gbps(root: Path, gb: float, threads: int) -> float:
-    """Sequential buffered writes of `gb` GB split over `threads` files, fsynced: GB/s to durable."""
+    """Sequential buffered writes of `gb` GB split over `threads` files, writeback started per 64 MB (as the
+    trainer's writer does), fsynced: GB/s to durable."""
     root.mkdir(parents=True, exist_ok=True)
     chunk = bytes(64 << 20)
     per = max(1, int(gb * 1e9 / threads / len(chunk)))
@@ -63,7 +66,7 @@ def disk_gbps(root: Path, gb: float, threads: int) -> float:
     def write(i: int) -> None:
         with open(root / f"disk_{i}", "wb") as f:
             for _ in range(per):
-                f.write(chunk)
+                write_back(f, memoryview(chunk))
             f.flush()
             os.fsync(f.fileno())
 
@@ -154,7 +157,7 @@ def raw_state_save(path: Path, model, opt, threads: int = 8) -> float:
                         stream.synchronize()
                     else:
                         buf[:n].copy_(flat[off:off + n])
-                    f.write(memoryview(buf[:n].numpy()))
+                    write_back(f, memoryview(buf[:n].numpy()))
             f.flush()
             os.fsync(f.fileno())
 
@@ -177,6 +180,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, required=True, help="where to write (the run directory's disk)")
     ap.add_argument("--disk-gb", type=float, default=8.0)
     ap.add_argument("--variants", default="all", help="comma-separated indices into VARIANTS, 'all' or 'none'")
+    ap.add_argument("--codecs", default="none,zstd", help="trainer.checkpoint_compression values to time")
     ap.add_argument("--repeat", type=int, default=1, help="rounds over the variants (the disk is noisy)")
     args = ap.parse_args()
 
@@ -208,30 +212,32 @@ def main() -> None:
     row("raw state bytes, pinned staging, 8 files: s (GB/s)", f"{sec:.1f} ({size / sec:.2f})")
     shutil.rmtree(raw)
 
-    # ours, as the trainer calls it; then load into a perturbed model and compare bit for bit
-    run = args.dir / "run"
-    shutil.rmtree(run, ignore_errors=True)
-    with Peaks(gpu=False, period=0.05) as rss:
-        t0 = time.perf_counter()
-        tmp = ckpt.tmp_dir(run, 1)
-        ckpt.save_shards(tmp, "actor", model, opt)
-        final = ckpt.finalize(tmp, {"step": 1})
-        res["ours_save_s"] = time.perf_counter() - t0
-    res["ours_gb"], res["ours_peak_rss_gb"] = tree_bytes(final) / 1e9, rss.rss / 1e9
-    row(f"ours: save_shards + finalize, {res['ours_gb']:.1f} GB: s (peak RSS GB)",
-        f"{res['ours_save_s']:.1f} ({res['ours_peak_rss_gb']:.1f})")
+    # ours, as the trainer calls it, once per codec; then load into a perturbed model and compare bit for bit
     p0 = next(iter(model.parameters()))
     want_p, want_m = p0.detach().full_tensor().clone(), opt.state[p0]["exp_avg"].full_tensor().clone()
-    with torch.no_grad():
-        p0.mul_(0).add_(1)
-        opt.state[p0]["exp_avg"].zero_()
-    t0 = time.perf_counter()
-    ckpt.load_shards(final, "actor", model, opt)
-    res["ours_load_s"] = time.perf_counter() - t0
-    res["load_exact"] = bool(torch.equal(p0.detach().full_tensor(), want_p)
-                             and torch.equal(opt.state[p0]["exp_avg"].full_tensor(), want_m))
-    row("ours: load_shards (s), bit-exact", f"{res['ours_load_s']:.1f}, {res['load_exact']}")
-    shutil.rmtree(run)
+    for codec in args.codecs.split(","):
+        run = args.dir / "run"
+        shutil.rmtree(run, ignore_errors=True)
+        with Peaks(gpu=False, period=0.05) as rss:
+            t0 = time.perf_counter()
+            tmp = ckpt.tmp_dir(run, 1)
+            ckpt.save_shards(tmp, "actor", model, opt, codec)
+            final = ckpt.finalize(tmp, {"step": 1})
+            res[f"ours_{codec}_save_s"] = time.perf_counter() - t0
+        res[f"ours_{codec}_gb"], res[f"ours_{codec}_peak_rss_gb"] = tree_bytes(final) / 1e9, rss.rss / 1e9
+        row(f"ours, {codec}: save_shards + finalize, {res[f'ours_{codec}_gb']:.1f} GB: s (peak RSS GB)",
+            f"{res[f'ours_{codec}_save_s']:.1f} ({res[f'ours_{codec}_peak_rss_gb']:.1f})")
+        with torch.no_grad():
+            p0.mul_(0).add_(1)
+            opt.state[p0]["exp_avg"].zero_()
+        t0 = time.perf_counter()
+        ckpt.load_shards(final, "actor", model, opt)
+        res[f"ours_{codec}_load_s"] = time.perf_counter() - t0
+        res[f"ours_{codec}_load_exact"] = bool(torch.equal(p0.detach().full_tensor(), want_p)
+                                               and torch.equal(opt.state[p0]["exp_avg"].full_tensor(), want_m))
+        row(f"ours, {codec}: load_shards (s), bit-exact",
+            f"{res[f'ours_{codec}_load_s']:.1f}, {res[f'ours_{codec}_load_exact']}")
+        shutil.rmtree(run)
 
     # DCP, after ours: its saves hold the whole state in host memory, which must not warm anything for ours
     picked = (list(range(len(VARIANTS))) if args.variants == "all" else [] if args.variants == "none"

@@ -313,6 +313,10 @@ class TrainerConfig(Section):
     logger: list[str] = Field(default_factory=lambda: ["console", "tensorboard"], description="console|tensorboard")
     default_local_dir: str = Field("runs/${trainer.project_name}/${trainer.experiment_name}")
     save_freq: int = Field(-1, description="checkpoint every N steps; -1: only at the end")
+    checkpoint_compression: Literal["auto", "none", "zstd"] = Field(
+        "auto", description="zstd: store each tensor's most significant bytes (float sign + exponent) zstd-"
+        "compressed, the rest as is: bf16 weights + AdamW moments shrink to ~2/3, so saves that wait on the "
+        "disk get faster, at ~0.3 GB/s of input per core. auto: zstd where a worker may use 8+ cores, else none")
     test_freq: int = Field(-1, description="validate every N steps; -1: only before/after")
     val_before_train: bool = True
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"

@@ -1,6 +1,7 @@
 """Checkpoint shards (verl_agent/trainer/state_files.py) with real torch.distributed (gloo) and FSDP2: a state
 written by 2 ranks loads bit for bit on 2, on 1 and on 3 ranks (rows come from whichever saved rank holds
-them), optimizer moments and param groups included; a flipped byte or a truncated file is refused by name."""
+them), optimizer moments and param groups included; a flipped byte or a truncated file is refused by name.
+Each with and without zstd byte-plane compression."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def _full(state: dict) -> dict[str, torch.Tensor]:
             for p, t in _flatten(state) if torch.is_tensor(t)}  # fmt: skip
 
 
-def _worker(rank: int, world: int, port: int, directory: str, mode: str, out) -> None:
+def _worker(rank: int, world: int, port: int, directory: str, mode: str, codec: str, out) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -55,7 +56,7 @@ def _worker(rank: int, world: int, port: int, directory: str, mode: str, out) ->
         model, opt, get_state_dict = _model_and_optimizer(world)
         msd, osd = get_state_dict(model, opt)
         if mode == "save":
-            save_state(Path(directory), {"model": msd, "optim": osd}, rank, world, threads=3)
+            save_state(Path(directory), {"model": msd, "optim": osd}, rank, world, threads=3, codec=codec)
             full = _full({"model": msd, "optim": osd})
         else:
             from verl_agent.trainer.state_files import _flatten
@@ -79,17 +80,18 @@ def _worker(rank: int, world: int, port: int, directory: str, mode: str, out) ->
     os._exit(0)
 
 
-def _run(world: int, directory: Path, mode: str) -> dict:
+def _run(world: int, directory: Path, mode: str, codec: str = "none") -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(world, _port(), str(directory), mode, out), nprocs=world, start_method="spawn")
+    mp.start_processes(_worker, args=(world, _port(), str(directory), mode, codec, out), nprocs=world,
+                       start_method="spawn")
     return out.get()
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("shards") / "actor"
-    return directory, _run(2, directory, "save")
+@pytest.fixture(scope="module", params=["none", "zstd"])
+def saved(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(f"shards_{request.param}") / "actor"
+    return directory, _run(2, directory, "save", request.param)
 
 
 @pytest.mark.parametrize("world", [2, 1, 3])
@@ -125,11 +127,51 @@ def test_a_flipped_byte_or_a_truncated_file_is_refused_naming_the_tensor(saved, 
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(ValueError, match=f"tensor '{path}' in .*{entry['file']} fails its CRC32"):
         load_state(bad, state)
+    if "zstd_frames" in entry:  # a byte of the compressed plane: zstd refuses it, or the CRC32 does
+        frame = tmp_path / "frame"
+        shutil.copytree(directory, frame)
+        with open(frame / entry["file"], "r+b") as f:
+            f.seek(entry["offset"] + entry["zstd_frames"][0] // 2)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(ValueError, match=f"tensor '{path}' in .*{entry['file']} (fails its CRC32|cannot be "
+                           "decompressed|decompresses to)"):
+            load_state(frame, state)
     short = tmp_path / "short"
     shutil.copytree(directory, short)
     os.truncate(short / entry["file"], entry["offset"] + 1)
     with pytest.raises(ValueError, match=f"{entry['file']} ends inside tensor '{path}'"):
         load_state(short, state)
+
+
+def test_zstd_planes_round_trip_every_dtype_across_chunks_and_shrink_floats(tmp_path, monkeypatch):
+    """Byte planes are cut per staging chunk: a small chunk size puts several chunks (the last one short) in
+    one tensor; bf16 normal values (a few exponents) must shrink, integers and bytes come back as they were."""
+    import verl_agent.trainer.state_files as sf
+
+    monkeypatch.setattr(sf, "STAGING_BYTES", 4096)
+    torch.manual_seed(0)
+    state = {"w": (torch.randn(3000) * 0.02).bfloat16(), "m": torch.randn(50, 41), "i": torch.arange(-999, 1000),
+             "b": torch.rand(777) > 0.5, "u": torch.randint(0, 255, (513,), dtype=torch.uint8), "e": torch.zeros(0)}
+    save_state(tmp_path, state, 0, 1, threads=2, codec="zstd")
+    index = json.loads((tmp_path / "rank0.json").read_text())["tensors"]
+    assert len(index["w"]["zstd_frames"]) == 2 and index["w"]["stored"] < 0.8 * index["w"]["nbytes"]
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    load_state(tmp_path, target)
+    for k, v in state.items():
+        assert torch.equal(target[k], v), k
+
+
+def test_auto_codec_follows_the_cores_and_an_unknown_one_is_refused(monkeypatch):
+    from verl_agent.trainer.state_files import resolve_codec
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert resolve_codec("auto") == "zstd"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert resolve_codec("auto") == "none" and resolve_codec("zstd") == "zstd"
+    with pytest.raises(ValueError, match="unknown codec 'lz4'"):
+        resolve_codec("lz4")
 
 
 def test_a_tied_tensor_is_written_once_and_loads_under_both_names(tmp_path):

@@ -163,16 +163,16 @@ def restore_driver_rng(state: dict[str, Any]) -> None:
 
 
 def save_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                threads: int = 8) -> None:
+                codec: str = "none", threads: int | None = None) -> None:
     """Collective: every rank writes its shard of model + optimizer state (`state_files`), ``threads`` files
-    at once through one staging buffer each, fsynced by the writers."""
+    at once through one staging buffer each, fsynced by the writers; `codec` as trainer.checkpoint_compression."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from verl_agent.trainer.state_files import save_state
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    save_state(path / name, {"model": model_sd, "optim": optim_sd}, rank, world, threads)
+    save_state(path / name, {"model": model_sd, "optim": optim_sd}, rank, world, threads, codec)
 
 
 def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

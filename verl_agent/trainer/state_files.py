@@ -12,6 +12,12 @@ goes to ``objects.pt``, written by rank 0.
 each local shard needs are read from whichever saved ranks hold them, so a checkpoint written by N ranks
 loads on M. Every tensor read is checked against its CRC32; a mismatch, a missing tensor or another shape
 raises naming the tensor and the file.
+
+With ``codec="zstd"`` each staged chunk is stored as byte planes (byte j of every element together): the
+most significant plane (sign and exponent of a float: a few distinct values) is compressed with zstd, the
+others are written as they are (mantissa bytes are noise). A bf16 model with AdamW moments shrinks to about
+two thirds, so a disk-bound save gets faster by as much wherever the cores keep up (about 0.3 GB/s of
+input per core).
 """
 
 from __future__ import annotations
@@ -26,11 +32,42 @@ from typing import Any
 
 import torch
 
-__all__ = ["save_state", "load_state"]
+__all__ = ["save_state", "load_state", "resolve_codec", "write_back"]
 
-STAGING_BYTES = 256 << 20
+STAGING_BYTES = 64 << 20  # a multiple of every element size: chunks hold whole elements
 INDEX = "rank{}.json"
 OBJECTS = "objects.pt"
+CODECS = ("none", "zstd")
+
+
+def resolve_codec(codec: str) -> str:
+    """'auto' -> 'zstd' where this process may use 8 or more cores (compression then outruns the disk),
+    else 'none'."""
+    if codec == "auto":
+        return "zstd" if len(os.sched_getaffinity(0)) >= 8 else "none"
+    if codec not in CODECS:
+        raise ValueError(f"state_files: unknown codec {codec!r}; expected auto or one of {CODECS}")
+    return codec
+
+
+def write_back(f, data: memoryview) -> None:
+    """Write `data` and start its writeback now: the kernel would otherwise let dirty pages pile up to its
+    background threshold (10 % of RAM: 12 GB on a 128 GB host) before the disk gets any, and the final fsync
+    would wait for all of them (a 7B save: ~20 % slower)."""
+    offset = f.tell()
+    f.write(data)
+    f.flush()
+    os.posix_fadvise(f.fileno(), offset, len(data), os.POSIX_FADV_DONTNEED)  # Linux: starts writeback
+
+
+def _planes(chunk: torch.Tensor, esize: int, out: torch.Tensor) -> torch.Tensor:
+    """Byte planes of `chunk` (uint8, whole elements of `esize` bytes) in `out`: row j = byte j of each element
+    (little-endian, so the last row is the most significant byte)."""
+    n = chunk.numel() // esize
+    planes, elements = out[:chunk.numel()].view(esize, n), chunk.view(n, esize)
+    for j in range(esize):  # one strided column at a time: 2x faster than one transposing copy
+        planes[j].copy_(elements[:, j])
+    return planes
 
 
 def _flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -58,8 +95,18 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def save_state(directory: Path, state: dict, rank: int, world_size: int, threads: int = 8) -> None:
-    """Write this rank's tensors of `state` (nested dicts; DTensor or plain leaves) into `directory`."""
+def save_state(directory: Path, state: dict, rank: int, world_size: int, threads: int | None = None,
+               codec: str = "none") -> None:
+    """Write this rank's tensors of `state` (nested dicts; DTensor or plain leaves) into `directory`, into
+    `threads` files at once (default 8, 16 with zstd: compressing threads leave the disk idle meanwhile)."""
+    codec = resolve_codec(codec)
+    threads = threads or (16 if codec == "zstd" else 8)
+    if codec == "zstd":
+        import sys
+
+        import zstandard
+
+        assert sys.byteorder == "little", "state_files: byte planes assume a little-endian host"
     directory.mkdir(parents=True, exist_ok=True)
     tensors, objects, aliases, seen = [], {}, {}, {}
     for path, leaf in _flatten(state):
@@ -84,12 +131,14 @@ def save_state(directory: Path, state: dict, rank: int, world_size: int, threads
 
     def write(i: int) -> dict[str, dict]:
         name, index = f"rank{rank}_{i}.bin", {}
-        cuda = any(local.is_cuda for _, _, local, _ in files[i])
-        stream = torch.cuda.Stream() if cuda else None
-        buf = torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True) if cuda else None
+        device = next((local.device for _, _, local, _ in files[i] if local.is_cuda), None)
+        stream = torch.cuda.Stream(device) if device is not None else None  # a new thread's current device is 0
+        buf = torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True) if device is not None else None
+        if codec == "zstd":
+            planes_buf, compressor = torch.empty(STAGING_BYTES, dtype=torch.uint8), zstandard.ZstdCompressor(level=1)
         with open(directory / name, "wb") as f:
             for path, leaf, local, row in files[i]:
-                flat, crc, offset = _as_bytes(local), 0, f.tell()
+                flat, crc, offset, frames = _as_bytes(local), 0, f.tell(), []
                 for start in range(0, flat.numel(), STAGING_BYTES):
                     part = flat[start:start + STAGING_BYTES]
                     if part.is_cuda:
@@ -97,12 +146,19 @@ def save_state(directory: Path, state: dict, rank: int, world_size: int, threads
                             buf[:part.numel()].copy_(part, non_blocking=True)
                         stream.synchronize()
                         part = buf[:part.numel()]
-                    view = memoryview(part.numpy())
-                    crc = zlib.crc32(view, crc)
-                    f.write(view)
+                    crc = zlib.crc32(memoryview(part.numpy()), crc)
+                    if codec == "zstd":
+                        planes = _planes(part, local.element_size(), planes_buf)
+                        frame = compressor.compress(memoryview(planes[-1].numpy()))
+                        write_back(f, memoryview(frame))
+                        frames.append(len(frame))
+                        part = planes[:-1].reshape(-1)  # the other planes, as they are (contiguous rows)
+                    write_back(f, memoryview(part.numpy()))
                 index[path] = {"file": name, "offset": offset, "nbytes": flat.numel(), "dtype": str(local.dtype),
                                "shape": list(local.shape), "global_shape": list(leaf.shape), "row": row,
-                               "crc32": crc}  # fmt: skip
+                               "crc32": crc, "stored": f.tell() - offset}  # fmt: skip
+                if codec == "zstd":
+                    index[path]["zstd_frames"] = frames  # bytes of each chunk's compressed plane
             f.flush()
             os.fsync(f.fileno())
         return index
@@ -112,16 +168,18 @@ def save_state(directory: Path, state: dict, rank: int, world_size: int, threads
     with ThreadPoolExecutor(threads) as pool:
         index = {k: v for part in pool.map(write, range(threads)) for k, v in part.items()}
     index.update({path: index[original] for path, original in aliases.items()})
-    meta = {"format": 1, "rank": rank, "world_size": world_size, "tensors": index}
+    meta = {"format": 1, "codec": codec, "rank": rank, "world_size": world_size, "tensors": index}
     (directory / INDEX.format(rank)).write_text(json.dumps(meta))
 
 
-def load_state(directory: Path, state: dict, threads: int = 8) -> dict:
-    """Fill the tensors of `state` (this rank's current shards) in place from `directory`; returns `state`
-    with its non-tensor leaves replaced by the saved ones."""
+def load_state(directory: Path, state: dict, threads: int | None = None) -> dict:
+    """Fill the tensors of `state` (this rank's current shards) in place from `directory`, `threads` tensors
+    at once (default 8, 16 for zstd files); returns `state` with its non-tensor leaves replaced by the saved
+    ones."""
     saved = [json.loads(p.read_text()) for p in sorted(directory.glob(INDEX.format("*")))]
     if not saved:
         raise FileNotFoundError(f"state_files: no {INDEX.format('*')} index in {directory}")
+    threads = threads or (16 if any(meta.get("codec") == "zstd" for meta in saved) else 8)
     by_path: dict[str, list[dict]] = {}
     for meta in saved:
         for path, entry in meta["tensors"].items():
@@ -136,14 +194,18 @@ def load_state(directory: Path, state: dict, threads: int = 8) -> dict:
             targets.append((path, leaf, local, row))
 
     def read(entry: dict, path: str) -> torch.Tensor:
+        dtype = getattr(torch, entry["dtype"].removeprefix("torch."))
         data = torch.empty(entry["nbytes"], dtype=torch.uint8)
+        stored = data if "zstd_frames" not in entry else torch.empty(entry["stored"], dtype=torch.uint8)
         with open(directory / entry["file"], "rb") as f:
             f.seek(entry["offset"])
-            if f.readinto(memoryview(data.numpy())) != entry["nbytes"]:
+            if f.readinto(memoryview(stored.numpy())) != stored.numel():
                 raise ValueError(f"state_files: {entry['file']} ends inside tensor {path!r} (truncated)")
+        if "zstd_frames" in entry:
+            _unplane(stored, entry["zstd_frames"], dtype.itemsize, data, f"tensor {path!r} in {directory / entry['file']}")
         if zlib.crc32(memoryview(data.numpy())) != entry["crc32"]:
             raise ValueError(f"state_files: tensor {path!r} in {directory / entry['file']} fails its CRC32 (corrupted)")
-        return data.view(getattr(torch, entry["dtype"].removeprefix("torch."))).view(entry["shape"])
+        return data.view(dtype).view(entry["shape"])
 
     def fill(item: tuple[str, Any, torch.Tensor, int | None]) -> None:
         path, leaf, local, row = item
@@ -171,6 +233,31 @@ def load_state(directory: Path, state: dict, threads: int = 8) -> dict:
     if any(local.is_cuda for _, _, local, _ in targets):
         torch.cuda.synchronize()
     return _replace_objects(state, objects)
+
+
+def _unplane(stored: torch.Tensor, frames: list[int], esize: int, out: torch.Tensor, what: str) -> None:
+    """Undo the zstd byte planes of `save_state`, chunk by chunk, from `stored` into `out` (logical bytes)."""
+    import numpy
+    import zstandard
+
+    decompressor, pos = zstandard.ZstdDecompressor(), 0
+    for k, frame in enumerate(frames):
+        chunk = out[k * STAGING_BYTES:(k + 1) * STAGING_BYTES]
+        n = chunk.numel() // esize
+        planes = torch.empty(esize, n, dtype=torch.uint8)
+        try:
+            top = decompressor.decompress(memoryview(stored[pos:pos + frame].numpy()), max_output_size=n)
+        except zstandard.ZstdError as e:
+            raise ValueError(f"state_files: {what} cannot be decompressed (corrupted): {e}") from None
+        if len(top) != n:
+            raise ValueError(f"state_files: {what} decompresses to {len(top)} bytes, not {n} (corrupted)")
+        planes[-1].numpy()[:] = numpy.frombuffer(top, dtype=numpy.uint8)
+        pos += frame
+        planes[:-1].view(-1).copy_(stored[pos:pos + (esize - 1) * n])
+        pos += (esize - 1) * n
+        elements = chunk.view(n, esize)
+        for j in range(esize):
+            elements[:, j].copy_(planes[j])
 
 
 def _replace_objects(tree: Any, objects: dict[str, Any], prefix: str = "") -> Any:

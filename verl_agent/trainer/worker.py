@@ -445,10 +445,11 @@ class TrainWorker:
 
     def save_checkpoint(self, path: str) -> None:
         path = Path(path)
-        ckpt.save_shards(path, "actor", self.actor, self.optim)
+        codec = self.cfg.trainer.checkpoint_compression
+        ckpt.save_shards(path, "actor", self.actor, self.optim, codec)
         extra = {"sched": self.sched.state_dict(), "torch_rng": torch.get_rng_state()}
         if self.critic is not None:
-            ckpt.save_shards(path, "critic", self.critic, self.critic_optim)
+            ckpt.save_shards(path, "critic", self.critic, self.critic_optim, codec)
             extra["critic_sched"] = self.critic_sched.state_dict()
         torch.save(extra, path / f"extra_rank{self.rank}.pt")
         dist.barrier()
