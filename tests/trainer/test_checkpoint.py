@@ -1,4 +1,5 @@
-"""Save/resume: a run resumed from a checkpoint continues the metrics of an uninterrupted run exactly.
+"""Save/resume: a run resumed from a checkpoint continues the metrics of an uninterrupted run exactly (the
+resumed run's checkpoints written with zstd byte planes, the uninterrupted run's without).
 
 Also checks the exported Hugging Face model loads with from_pretrained and equals the trained policy's
 behaviour (it is what the engine serves after the last sync).
@@ -27,10 +28,12 @@ def test_resume_continues_the_same_metrics(ray_cluster, make_cfg, dev_model_path
     common = [f"actor_rollout_ref.model.path={dev_model_path}", "data.val_files=[]", "trainer.save_freq=1",
               "data.max_response_length=48", "actor_rollout_ref.actor.optim.lr=1e-3"]
     full = train(make_cfg(*common, "trainer.total_training_steps=3", run_dir=tmp_path / "full"))
-    part = tmp_path / "part"
-    train(make_cfg(*common, "trainer.total_training_steps=2", run_dir=part))
+    part, zstd = tmp_path / "part", "trainer.checkpoint_compression=zstd"  # the resumed run reads byte planes
+    train(make_cfg(*common, zstd, "trainer.total_training_steps=2", run_dir=part))
     assert ckpt.latest_checkpoint(part).name == "global_step_2"
-    resumed = train(make_cfg(*common, "trainer.total_training_steps=3", run_dir=part))
+    index = json.loads((ckpt.latest_checkpoint(part) / "actor" / "rank0.json").read_text())
+    assert index["codec"] == "zstd" and all("zstd_frames" in e for e in index["tensors"].values())
+    resumed = train(make_cfg(*common, zstd, "trainer.total_training_steps=3", run_dir=part))
     assert resumed.resumed_from == 2
     a, b = _steps(full.run_dir), _steps(part)
     assert sorted(b) == [1, 2, 3]
