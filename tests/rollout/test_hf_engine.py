@@ -196,3 +196,27 @@ async def test_static_cache_path_matches_dynamic(small_model):
         assert x.token_ids == y.token_ids
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
     await check_engine(static, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
+async def test_sleep_discarding_weights_frees_them_and_needs_every_parameter_back(scheduler):
+    """The trainer's sleep: no host copy; generate refuses until update_weights has replaced every parameter
+    (the tied LM head counts as loaded with the embedding), then answers as before."""
+    model = random_qwen2(seed=2)
+    saved = [(k, v.clone()) for k, v in model.state_dict().items() if k != "lm_head.weight"]  # tied: pushed once
+    engine = HFEngine(model, stop_on_eos=False, scheduler=scheduler)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=8)
+    before = await engine.generate(PROMPTS[1], sp)
+    await engine.sleep(discard_weights=True)
+    assert sum(p.numel() for p in model.parameters()) == 0  # nothing kept, on the device or elsewhere
+    await engine.wake_up()
+    with pytest.raises(RuntimeError, match="discarded by sleep"):
+        await engine.generate(PROMPTS[1], sp)
+    norm = "model.norm.weight"
+    await engine.update_weights([(k, v) for k, v in saved if k != norm])
+    with pytest.raises(RuntimeError, match=f"1 parameters \\(e.g. '{norm}'\\)"):
+        await engine.generate(PROMPTS[1], sp)
+    await engine.update_weights([(k, v) for k, v in saved if k == norm])
+    after = await engine.generate(PROMPTS[1], sp)
+    assert after.token_ids == before.token_ids and after.logprobs == pytest.approx(before.logprobs, abs=1e-6)
+    await engine.close()

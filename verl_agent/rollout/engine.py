@@ -41,7 +41,9 @@ Contract (what is called when):
   Unknown names are an error.
 - ``await sleep()`` frees device memory (weights and KV cache) so that
   training can use the device; ``await wake_up()`` restores it. ``generate``
-  is only called while awake.
+  is only called while awake. ``sleep(discard_weights=True)``: the caller
+  will load every parameter with ``update_weights`` after ``wake_up()``, so
+  the weights need not be kept (nothing is copied to the host).
 - ``await close()`` releases everything; the engine is unusable afterwards.
 
 `check_engine(engine)` runs these rules against any implementation.
@@ -127,7 +129,7 @@ class Engine(Protocol):
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None: ...
 
-    async def sleep(self) -> None: ...
+    async def sleep(self, discard_weights: bool = False) -> None: ...
 
     async def wake_up(self) -> None: ...
 

@@ -71,7 +71,9 @@ class ScriptedEngine:
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         self.weights.update(dict(named_tensors))
 
-    async def sleep(self) -> None:
+    async def sleep(self, discard_weights: bool = False) -> None:
+        if discard_weights:
+            self.weights.clear()
         self.asleep = True
 
     async def wake_up(self) -> None:

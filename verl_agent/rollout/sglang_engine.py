@@ -364,8 +364,10 @@ class SGLangEngine:
     async def release_session(self, session: str) -> None:
         """Nothing to free: the radix cache evicts prefixes least-recently-used on its own."""
 
-    async def sleep(self) -> None:
-        """Release the weights' and KV cache's memory (GPU: needs ``--enable-memory-saver``)."""
+    async def sleep(self, discard_weights: bool = False) -> None:
+        """Release the weights' and KV cache's memory (GPU: needs ``--enable-memory-saver``). The release is
+        the same either way: whether the server keeps a host copy of its weights is its own setting
+        (``--enable-weights-cpu-backup``), so `discard_weights` changes nothing here."""
         await self.start()
         await self._call("POST", "/release_memory_occupation", memory_payload(MEMORY_TAGS))
         self._released = set(MEMORY_TAGS)

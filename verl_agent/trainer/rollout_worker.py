@@ -153,7 +153,9 @@ class RolloutHost:
         self.loop.call_soon_threadsafe(self.stream.resume)
 
     def sleep(self) -> None:
-        self.run(self.engine.sleep())
+        """Free the engine's memory for the update; its weights are dropped, not kept: the weight sync after
+        the update loads every parameter again."""
+        self.run(self.engine.sleep(discard_weights=True))
 
     def close(self) -> None:
         self.run(self.stream.cancel())
