@@ -1,4 +1,5 @@
-"""Hybrid engine: after an update + sync, the engine's log-probs equal the FSDP actor's on the same tokens.
+"""Hybrid engine: after an update + sync, the engine's log-probs equal the FSDP actor's on the same tokens;
+between its sleep and the sync it refuses to generate (its weights were dropped, not kept).
 
 Real Ray workers, real torch.distributed (gloo, 2 ranks), real FSDP2, real HFEngine replica.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_agent.trainer.controller import WorkerGroup, shard_list
+from verl_agent.trainer.controller import WorkerFailure, WorkerGroup, shard_list
 
 pytestmark = pytest.mark.slow
 
@@ -25,11 +26,14 @@ def test_sync_makes_engine_match_actor(ray_cluster, make_cfg, dev_model_path, ra
         for s in seqs:
             s.advantages = torch.randn(s.response_len)
         group.set_sequences(shard_list(seqs, group.world_size))
-        group.compute_log_probs(n_minibatches=1)
+        before = group.weights_digests()[0]
+        group.compute_log_probs(n_minibatches=1)  # the engine sleeps here, dropping its weights
         metrics = group.update(n_minibatches=1, step=1, update_actor=True)
         assert all(m["grad_norm"] > 0 for m in metrics)
-        assert max(group.check_sync(prompts)) > 1e-3  # the update moved the actor away from the engine
+        assert abs(group.weights_digests()[0] - before) > 1e-3 * before  # the update moved the actor
+        with pytest.raises(WorkerFailure, match="discarded by sleep"):  # the engine has no weights to sample with
+            group.check_sync(prompts)
         assert group.sync_weights(version=1) >= 0
-        assert max(group.check_sync(prompts)) < 1e-4
+        assert max(group.check_sync(prompts)) < 1e-4  # every parameter is back, equal to the updated actor's
     finally:
         group.shutdown()
