@@ -57,7 +57,10 @@ def write_back(f, data: memoryview) -> None:
     offset = f.tell()
     f.write(data)
     f.flush()
-    os.posix_fadvise(f.fileno(), offset, len(data), os.POSIX_FADV_DONTNEED)  # Linux: starts writeback
+    try:
+        os.posix_fadvise(f.fileno(), offset, len(data), os.POSIX_FADV_DONTNEED)  # Linux: starts writeback
+    except OSError:  # a file system without it: the closing fsync still makes the file durable
+        pass
 
 
 def _planes(chunk: torch.Tensor, esize: int, out: torch.Tensor) -> torch.Tensor:
