@@ -160,8 +160,8 @@ def save_state(directory: Path, state: dict, rank: int, world_size: int, threads
                 index[path] = {"file": name, "offset": offset, "nbytes": flat.numel(), "dtype": str(local.dtype),
                                "shape": list(local.shape), "global_shape": list(leaf.shape), "row": row,
                                "crc32": crc, "stored": f.tell() - offset}  # fmt: skip
-                if codec == "zstd":
-                    index[path]["zstd_frames"] = frames  # bytes of each chunk's compressed plane
+                if codec == "zstd":  # bytes of each chunk's compressed plane; the chunk size, for the reader
+                    index[path].update(zstd_frames=frames, chunk_bytes=STAGING_BYTES)
             f.flush()
             os.fsync(f.fileno())
         return index
@@ -205,7 +205,8 @@ def load_state(directory: Path, state: dict, threads: int | None = None) -> dict
             if f.readinto(memoryview(stored.numpy())) != stored.numel():
                 raise ValueError(f"state_files: {entry['file']} ends inside tensor {path!r} (truncated)")
         if "zstd_frames" in entry:
-            _unplane(stored, entry["zstd_frames"], dtype.itemsize, data, f"tensor {path!r} in {directory / entry['file']}")
+            _unplane(stored, entry["zstd_frames"], entry["chunk_bytes"], dtype.itemsize, data,
+                     f"tensor {path!r} in {directory / entry['file']}")
         if zlib.crc32(memoryview(data.numpy())) != entry["crc32"]:
             raise ValueError(f"state_files: tensor {path!r} in {directory / entry['file']} fails its CRC32 (corrupted)")
         return data.view(dtype).view(entry["shape"])
@@ -238,14 +239,15 @@ def load_state(directory: Path, state: dict, threads: int | None = None) -> dict
     return _replace_objects(state, objects)
 
 
-def _unplane(stored: torch.Tensor, frames: list[int], esize: int, out: torch.Tensor, what: str) -> None:
+def _unplane(stored: torch.Tensor, frames: list[int], chunk_bytes: int, esize: int, out: torch.Tensor, what: str
+             ) -> None:  # fmt: skip
     """Undo the zstd byte planes of `save_state`, chunk by chunk, from `stored` into `out` (logical bytes)."""
     import numpy
     import zstandard
 
     decompressor, pos = zstandard.ZstdDecompressor(), 0
     for k, frame in enumerate(frames):
-        chunk = out[k * STAGING_BYTES:(k + 1) * STAGING_BYTES]
+        chunk = out[k * chunk_bytes:(k + 1) * chunk_bytes]
         n = chunk.numel() // esize
         planes = torch.empty(esize, n, dtype=torch.uint8)
         try:
