@@ -316,7 +316,7 @@ class TrainerConfig(Section):
     checkpoint_compression: Literal["auto", "none", "zstd"] = Field(
         "auto", description="zstd: store each tensor's most significant bytes (float sign + exponent) zstd-"
         "compressed, the rest as is: bf16 weights + AdamW moments shrink to ~2/3, so saves that wait on the "
-        "disk get faster, at ~0.3 GB/s of input per core. auto: zstd where a worker may use 8+ cores, else none")
+        "disk get faster, at ~0.3 GB/s of input per core. auto: zstd where a worker may use 8+ cores and zstandard is installed, else none")
     test_freq: int = Field(-1, description="validate every N steps; -1: only before/after")
     val_before_train: bool = True
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"

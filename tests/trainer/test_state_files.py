@@ -164,7 +164,7 @@ def test_zstd_planes_round_trip_every_dtype_across_chunks_and_shrink_floats(tmp_
         assert torch.equal(target[k], v), k
 
 
-def test_auto_codec_follows_the_cores_and_an_unknown_one_is_refused(monkeypatch):
+def test_auto_codec_follows_the_cores_and_the_package_and_an_unknown_one_is_refused(monkeypatch):
     from verl_agent.trainer.state_files import resolve_codec
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
@@ -173,6 +173,13 @@ def test_auto_codec_follows_the_cores_and_an_unknown_one_is_refused(monkeypatch)
     assert resolve_codec("auto") == "none" and resolve_codec("zstd") == "zstd"
     with pytest.raises(ValueError, match="unknown codec 'lz4'"):
         resolve_codec("lz4")
+    import importlib.util
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # an install without zstandard
+    assert resolve_codec("auto") == "none"
+    with pytest.raises(ImportError, match="needs the zstandard package"):
+        resolve_codec("zstd")
 
 
 def test_a_tied_tensor_is_written_once_and_loads_under_both_names(tmp_path):

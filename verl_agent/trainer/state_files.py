@@ -22,6 +22,7 @@ input per core).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import zlib
@@ -41,12 +42,15 @@ CODECS = ("none", "zstd")
 
 
 def resolve_codec(codec: str) -> str:
-    """'auto' -> 'zstd' where this process may use 8 or more cores (compression then outruns the disk),
-    else 'none'."""
+    """'auto' -> 'zstd' where this process may use 8 or more cores (compression then outruns the disk) and
+    the `zstandard` package is installed, else 'none'."""
     if codec == "auto":
-        return "zstd" if len(os.sched_getaffinity(0)) >= 8 else "none"
+        return "zstd" if len(os.sched_getaffinity(0)) >= 8 and importlib.util.find_spec("zstandard") else "none"
     if codec not in CODECS:
         raise ValueError(f"state_files: unknown codec {codec!r}; expected auto or one of {CODECS}")
+    if codec == "zstd" and not importlib.util.find_spec("zstandard"):
+        raise ImportError("state_files: trainer.checkpoint_compression=zstd needs the zstandard package "
+                          "(pip install zstandard)")
     return codec
 
 
