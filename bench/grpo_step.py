@@ -40,6 +40,7 @@ SHAPES = {  # Qwen2-0.5B and Qwen2-7B (config.json of the released models)
                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
 }
 PHASES = ("step", "rollout", "log_probs", "advantages", "update", "weight_sync")
+ENGINE_KEYS = ("prefill_s", "decode_s", "decode_steps", "graph_capture_s", "prefill_tokens")
 
 
 def bench_reward(generated_text: str, ground_truth: str) -> float:
@@ -214,6 +215,9 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
         out[f"first_{ph}"] = vals[0] if vals else 0.0
         warm = [v for i, v in enumerate(vals[1:], start=2) if i != args.profile_step]  # profiling slows its step
         out[f"warm_{ph}"] = sum(warm) / max(1, len(warm))
+    for key in ENGINE_KEYS:  # where the rollout's time goes (the engine's counters, per step)
+        vals = [h.get(f"engine/{key}", 0.0) for i, h in enumerate(hist[1:], start=2) if i != args.profile_step]
+        out[f"warm_engine_{key}"] = sum(vals) / max(1, len(vals))
     last = hist[-1] if hist else {}
     n = last.get("rollout/num_trajectories", 0.0)
     out["tokens_per_step"] = n * (last.get("rollout/prompt_length/mean", 0.0)
@@ -292,6 +296,15 @@ def report(args, ours: dict, trl: dict | None) -> dict:
     rows = [("first step (s)", ours["first_step"], trl["first_step"] if trl else None),
             ("warm step (s)", ours["warm_step"], trl["warm_step"] if trl else None)]
     rows += [(f"  warm {ph} (s)", ours[f"warm_{ph}"], None) for ph in PHASES[1:]]
+    steps = ours.get("warm_engine_decode_steps", 0.0)
+    if steps:  # the rollout's parts, from the engine's counters
+        capture = ours["warm_engine_graph_capture_s"]
+        rows += [("    engine prefill (s)", ours["warm_engine_prefill_s"], None),
+                 ("    engine decode steps (count)", steps, None),
+                 ("    engine decode, per step (ms)", 1e3 * (ours["warm_engine_decode_s"] - capture) / steps, None),
+                 ("    engine CUDA-graph captures (s)", capture, None),
+                 ("    rollout outside the engine's forwards (s)",
+                  ours["warm_rollout"] - ours["warm_engine_prefill_s"] - ours["warm_engine_decode_s"], None)]
     out = {"shape": args.shape, "device": args.device, "ours": ours, "trl": trl}
     if args.shape in SHAPES and ours["warm_update"] > 0:
         flops = 6 * n_params(args.shape) * ours["tokens_per_step"]

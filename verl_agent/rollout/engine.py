@@ -35,7 +35,9 @@ Contract (what is called when):
   ``finish_reason == "abort"`` (a weight update is coming; `PausableEngine`
   continues them afterwards). False: this engine cannot, callers must wait.
 - ``metrics()`` (optional) returns a flat dict of ``engine/<name>`` floats,
-  cumulative since the engine started (e.g. ``engine/prefill_tokens_saved``).
+  cumulative since the engine started (e.g. ``engine/prefill_tokens_saved``),
+  except the names in ``ENGINE_GAUGES``, which are current values (slots, graphs held).
+  The trainer logs the change of each counter over a step.
 - ``await update_weights(named_tensors)`` replaces parameters by name; it is
   called between rollout steps, never concurrently with ``generate``.
   Unknown names are an error.
@@ -62,6 +64,13 @@ if TYPE_CHECKING:
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+# `metrics()` names that are current values, not cumulative counters
+ENGINE_GAUGES = frozenset({"engine/kv_slots", "engine/kv_tokens_per_slot", "engine/cuda_graphs", "engine/sessions_idle"})
+
+
+def counter_changes(before: dict[str, float], now: dict[str, float]) -> dict[str, float]:
+    """Each counter's change from `before` to `now` (two `metrics()` results); gauges as they are now."""
+    return {k: v if k in ENGINE_GAUGES else v - before.get(k, 0.0) for k, v in now.items()}
 
 
 @dataclass

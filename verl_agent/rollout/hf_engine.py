@@ -216,7 +216,8 @@ class HFEngine:
             out = {**b.counters, **b.sched.counters, "busy_s": b.runner.busy_s,
                    "sessions_evicted": b.sched.table.evicted, "sessions_idle": b.sched.table.n_idle,
                    "kv_slots": b.budget.slots, "kv_tokens_per_slot": b.budget.length,
-                   "cuda_graphs": len(b.runner.graphs)}  # fmt: skip
+                   "cuda_graphs": len(b.runner.graphs), "graph_captures": b.runner.captures,
+                   "graph_capture_s": b.runner.capture_s}  # fmt: skip
         return {f"engine/{k}": float(v) for k, v in out.items()}
 
     async def capture_graphs(self) -> int:

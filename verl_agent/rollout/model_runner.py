@@ -37,6 +37,7 @@ class ModelRunner:
         self.pool: SlotKVPool | None = None
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
         self.busy_s = 0.0  # time inside forward + sampling (synchronised by the caller's .tolist())
+        self.capture_s, self.captures = 0.0, 0  # CUDA-graph captures (a sleep drops the graphs: they recur)
 
     # -- memory ---------------------------------------------------------------------------------------
     def ensure_pool(self) -> SlotKVPool:
@@ -142,7 +143,9 @@ class ModelRunner:
             self.cuda_graphs = False
             return None
         self.graphs[(rows, kv_len)] = (graph, out)
-        logger.info("captured decode graph rows=%d kv_len=%d in %.2fs", rows, kv_len, time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        self.capture_s, self.captures = self.capture_s + dt, self.captures + 1
+        logger.info("captured decode graph rows=%d kv_len=%d in %.2fs", rows, kv_len, dt)
         return graph, out
 
     def capture_all(self) -> int:

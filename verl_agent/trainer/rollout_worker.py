@@ -27,7 +27,7 @@ import ray
 import torch
 
 from verl_agent.protocol import Sample, Trajectory
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.rollout.engine import SamplingParams, counter_changes
 from verl_agent.rollout.metrics import TrajectorySummary
 from verl_agent.rollout.stream import Group, RolloutStream
 from verl_agent.rollout.tensor_handles import loads_by_handle, memory_key
@@ -45,14 +45,15 @@ class RolloutResult:
     reward_seconds: float = 0.0  # summed over concurrent trajectories (they overlap)
     tool_seconds: float = 0.0
     counts: dict[str, float] = field(default_factory=dict)  # what the failure rules left out (prepare.train_seqs)
+    engine: dict[str, float] = field(default_factory=dict)  # the engine's counters since the previous take
     taken: list[tuple[int, int]] = field(default_factory=list)  # (batch, position in this shard) per group
 
 
-def rollout_result(groups: list[Group], dropped: int, reward_seconds: float) -> RolloutResult:
+def rollout_result(groups: list[Group], dropped: int, host: RolloutHost) -> RolloutResult:
     trajs = [t for g in groups for t in g.trajectories]
-    return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs], reward_seconds=reward_seconds,
+    return RolloutResult(summaries=[TrajectorySummary.of(t) for t in trajs], reward_seconds=host.reward_seconds(),
                          tool_seconds=sum(turn.tool_seconds for t in trajs for turn in t.turns),
-                         counts={"train/stale_groups_dropped": float(dropped)},
+                         counts={"train/stale_groups_dropped": float(dropped)}, engine=host.engine_metrics(),
                          taken=[(g.batch, g.position) for g in groups])  # fmt: skip
 
 
@@ -104,6 +105,7 @@ class RolloutHost:
         self.engine, self.tokenizer, self.agent = parts.engine, parts.tokenizer, parts.agent
         self.reward_timer = self.agent.reward_fn = _TimedReward(parts.reward_fn) if parts.reward_fn else None
         self._reward_seconds = 0.0
+        self._engine_before: dict[str, float] = {}
         if arr.rollout.name == "sglang":
             self.run(self.engine.start())
 
@@ -129,6 +131,16 @@ class RolloutHost:
         """Seconds spent in the reward function since the last call."""
         total = self.reward_timer.seconds if self.reward_timer else 0.0
         out, self._reward_seconds = total - self._reward_seconds, total
+        return out
+
+    def engine_metrics(self) -> dict[str, float]:
+        """The engine's counters' changes since the last call (the work of one step, validation included
+        when it ran in between; in the async modes, whatever the engine did meanwhile)."""
+        metrics = getattr(self.engine, "metrics", None)
+        if metrics is None:
+            return {}
+        now = metrics()
+        out, self._engine_before = counter_changes(self._engine_before, now), now
         return out
 
     def validate(self, samples: list[Sample], n: int, sampling: SamplingParams, chunk: int | None
@@ -198,7 +210,7 @@ class RolloutWorker:
         from verl_agent.trainer.controller import shard_list
 
         groups, dropped = self.host.take(k, min_version)
-        return (*shard_list(groups, n_parts), rollout_result(groups, dropped, self.host.reward_seconds()))
+        return (*shard_list(groups, n_parts), rollout_result(groups, dropped, self.host))
 
     def validate(self, samples: list[Sample], n: int, sampling: SamplingParams, step: int, chunk: int | None
                  ) -> RolloutResult:  # fmt: skip

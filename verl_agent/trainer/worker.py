@@ -205,7 +205,7 @@ class TrainWorker:
         for this step's training; answers with their summaries. Stale groups are rolled out again."""
         host = self._host()
         groups, dropped = host.take(k, min_version)
-        result = rollout_result(groups, dropped, host.reward_seconds())
+        result = rollout_result(groups, dropped, host)
         result.counts.update(self._keep(groups, step))
         return result
 
