@@ -3,6 +3,7 @@
   python bench/rollout.py                 # loop overhead (instant engine) + hf engine on CPU with the tiny model
   python bench/rollout.py --gpu           # + the GPU fast path on a random Qwen2-0.5B-shaped model (bf16)
   python bench/rollout.py --gpu --only-gpu --batch 256 --prompt-len 256 --new-tokens 256
+  python bench/rollout.py --only-gpu --gpu-shape 7b --batch 64 --prompt-len 185 --gpu-rows continuous,compiled
 
 Loop overhead: 2-turn calculator conversations on a scripted engine that answers
 instantly, so the figure is the cost of the loop itself (parsing, tools, chat
@@ -73,12 +74,14 @@ def sync(device: torch.device) -> None:
 
 
 def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repeats: int = 2,
-                       scheduler: str = "continuous") -> float:
+                       scheduler: str = "continuous", torch_compile: bool = False, stats: dict | None = None) -> float:
+    """Best generated tokens/s of `repeats` warm calls; `stats` gets the first call's seconds (graph captures,
+    compiles) and the warm calls' milliseconds per decode step."""
     from verl_agent.rollout.engine import SamplingParams
     from verl_agent.rollout.hf_engine import HFEngine
 
     engine = HFEngine(model, device=device, max_batch_size=batch, stop_on_eos=False, scheduler=scheduler,
-                      max_model_len=plen + new, gpu_memory_utilization=0.85)  # fmt: skip
+                      max_model_len=plen + new, gpu_memory_utilization=0.85, torch_compile=torch_compile)  # fmt: skip
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab - 1, (plen,), generator=gen).tolist() for _ in range(batch)]
@@ -92,11 +95,19 @@ def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repe
         return batch * new / dt
 
     async def run() -> float:
-        await engine.capture_graphs()  # continuous on CUDA: every decode bucket, before timing
+        t0 = time.perf_counter()
+        if not torch_compile:  # continuous on CUDA: every decode bucket before timing (compiled: those used)
+            await engine.capture_graphs()
         best = 0.0
         for i in range(repeats + 1):  # the first call warms up (and compiles on GPU)
+            if i == 1:
+                first_s, m0 = time.perf_counter() - t0, engine.metrics()
             tps = await once()
-            best = tps if i > 0 else best
+            best = max(best, tps) if i > 0 else best
+        m1 = engine.metrics()
+        if stats is not None and m1.get("engine/decode_steps"):
+            steps = m1["engine/decode_steps"] - m0["engine/decode_steps"]
+            stats.update(first_call_s=first_s, decode_step_ms=1e3 * (m1["engine/decode_s"] - m0["engine/decode_s"]) / steps)
         await engine.close()
         return best
 
@@ -117,24 +128,29 @@ def bench_cpu(batch: int, plen: int, new: int) -> dict[str, float]:
     }
 
 
-def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,batch") -> dict[str, float]:
+def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,batch", shape: str = "0.5b"
+              ) -> dict[str, float]:  # fmt: skip
+    from grpo_step import SHAPES
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(
-        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, eos_token_id=151643,
-    )  # fmt: skip
+    cfg = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, eos_token_id=151643)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to("cuda").eval()
-    res: dict[str, float | str] = {"gpu_name": torch.cuda.get_device_name()}
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    res: dict[str, float | str] = {"gpu_name": torch.cuda.get_device_name(), "shape": shape}
+    eager, compiled = {}, {}
     runs = {"generate": ("gpu_generate_static_tok_s", lambda: _raw_generate(model, batch, plen, new, static=True)),
-            "continuous": ("gpu_engine_tok_s", lambda: _engine_throughput(model, batch, plen, new, "cuda")),
+            "continuous": ("gpu_engine_tok_s", lambda: _engine_throughput(model, batch, plen, new, "cuda", stats=eager)),
+            "compiled": ("gpu_engine_compiled_tok_s", lambda: _engine_throughput(
+                model, batch, plen, new, "cuda", torch_compile=True, stats=compiled)),
             "batch": ("gpu_engine_batch_sched_tok_s",
                       lambda: _engine_throughput(model, batch, plen, new, "cuda", scheduler="batch"))}
     for row in rows.split(","):
         key, fn = runs[row]
         res[key] = fn()
         print(f"# {key}: {res[key]:,.0f}", file=sys.stderr, flush=True)  # progress, in case a time limit cuts the run
+    res.update({f"gpu_engine_{k}": v for k, v in eager.items()})
+    res.update({f"gpu_engine_compiled_{k}": v for k, v in compiled.items()})
     if "gpu_engine_tok_s" in res and "gpu_generate_static_tok_s" in res:
         res["gpu_engine_vs_generate"] = res["gpu_engine_tok_s"] / res["gpu_generate_static_tok_s"]
     return res
@@ -149,14 +165,16 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--trajectories", type=int, default=256, help="loop benchmark: trajectories")
     p.add_argument("--gpu-rows", default="generate,continuous,batch",
-                   help="GPU rows: raw static generate, the engine's continuous and batch schedulers")
+                   help="GPU rows: raw static generate, the engine's continuous and batch schedulers, and "
+                   "'compiled' (continuous with torch_compile)")
+    p.add_argument("--gpu-shape", choices=["0.5b", "7b"], default="0.5b", help="GPU: Qwen2 shape (random weights)")
     args = p.parse_args()
     res: dict[str, float | str] = {}
     if not args.only_gpu:
         res.update(bench_loop(args.trajectories))
         res.update(bench_cpu(batch=32, plen=64, new=64))
     if args.gpu or args.only_gpu:
-        res.update(bench_gpu(args.batch, args.prompt_len, args.new_tokens, args.gpu_rows))
+        res.update(bench_gpu(args.batch, args.prompt_len, args.new_tokens, args.gpu_rows, args.gpu_shape))
     width = max(len(k) for k in res)
     print(f"{'metric':<{width}}  value")
     for k, v in res.items():

@@ -220,3 +220,23 @@ async def test_sleep_discarding_weights_frees_them_and_needs_every_parameter_bac
     after = await engine.generate(PROMPTS[1], sp)
     assert after.token_ids == before.token_ids and after.logprobs == pytest.approx(before.logprobs, abs=1e-6)
     await engine.close()
+
+
+@pytest.mark.slow
+async def test_torch_compiled_decode_samples_what_the_eager_one_does(small_model):
+    """rollout.enable_torch_compile: the compiled decode step (CPU: inductor's C++ kernels) gives the eager
+    engine's tokens (same seed) and log-probs within float tolerance; the batch scheduler refuses the option."""
+    prompts = PROMPTS * 3  # 12 rows: two decode row buckets as rows finish
+    sp = [SamplingParams(temperature=1.0, max_new_tokens=8 + i, seed=i) for i in range(len(prompts))]
+    outs = {}
+    for compiled in (False, True):
+        engine = HFEngine(small_model, stop_on_eos=False, torch_compile=compiled)
+        frames = torch._dynamo.utils.counters["frames"]["ok"]
+        outs[compiled] = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, sp)))
+        assert (torch._dynamo.utils.counters["frames"]["ok"] > frames) == compiled  # compiled only when asked
+        await engine.close()
+    for eager, comp in zip(outs[False], outs[True]):
+        assert comp.token_ids == eager.token_ids
+        assert torch.allclose(torch.tensor(comp.logprobs), torch.tensor(eager.logprobs), atol=1e-4)
+    with pytest.raises(ValueError, match="continuous scheduler"):
+        HFEngine(small_model, scheduler="batch", torch_compile=True)

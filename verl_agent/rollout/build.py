@@ -102,7 +102,7 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
             model, device=device, dtype=rollout.dtype, max_batch_size=rollout.max_batch_size, seed=seed,
             scheduler=rollout.scheduler, max_num_seqs=rollout.max_num_seqs, max_model_len=rollout.max_model_len,
             max_num_batched_tokens=rollout.max_num_batched_tokens,
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            gpu_memory_utilization=rollout.gpu_memory_utilization, torch_compile=rollout.enable_torch_compile,
         )  # fmt: skip
     from verl_agent.rollout.sglang_engine import SGLangEngine
 
@@ -113,6 +113,8 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
     extra = list(sg.extra_args)  # on GPU add --enable-memory-saver so that sleep() frees memory
     if "--mem-fraction-static" not in extra:
         extra += ["--mem-fraction-static", str(rollout.gpu_memory_utilization)]
+    if rollout.enable_torch_compile and "--enable-torch-compile" not in extra:
+        extra.append("--enable-torch-compile")
     return SGLangEngine(None if own_server else sg.url, model_path=str(model), python=sg.python,
                         port=None if own_server else sg.port, extra_args=extra, env=sg.env)
 

@@ -58,9 +58,9 @@ def _row_params(seqs: list[Seq | None], device: torch.device) -> RowParams:
 class ContinuousBatcher:
     def __init__(
         self, model: Any, budget: KVBudget, *, pad_id: int, cache_kw: str, cuda_graphs: bool,
-        max_num_batched_tokens: int, generator: torch.Generator,
+        max_num_batched_tokens: int, generator: torch.Generator, compile_decode: bool = False,
     ) -> None:  # fmt: skip
-        self.runner = ModelRunner(model, budget, pad_id, cache_kw, cuda_graphs)
+        self.runner = ModelRunner(model, budget, pad_id, cache_kw, cuda_graphs, compile_decode)
         self.sched = Scheduler(budget.slots, max_num_batched_tokens)
         self.budget = budget
         self.generator = generator

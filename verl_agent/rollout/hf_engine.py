@@ -95,6 +95,8 @@ class HFEngine:
     static: "batch": static KV cache (fixed shapes); default True on CUDA, False on CPU.
     compile: "batch": torch.compile the decode step with CUDA graphs; "continuous": capture the decode
         step as CUDA graphs. Default: on CUDA.
+    torch_compile: "continuous": torch.compile the decode step's forward (then captured as CUDA graphs on
+        CUDA): fewer, fused kernels a layer, for a compile per decode shape on first use.
     """
 
     def __init__(
@@ -115,11 +117,15 @@ class HFEngine:
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.5,
         kv_cache_bytes: int | None = None,
+        torch_compile: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1, got {max_batch_size}")
         if scheduler not in ("continuous", "batch"):
             raise ValueError(f"HFEngine: scheduler must be 'continuous' or 'batch', got {scheduler!r}")
+        if torch_compile and scheduler != "continuous":
+            raise ValueError("HFEngine: torch_compile (rollout.enable_torch_compile) is for the continuous scheduler; "
+                             "the batch scheduler compiles its static decode step on CUDA by itself (compile=)")
         self.device = torch.device(device)
         self.model = _load(model, device, dtype)
         self.max_batch_size = max_batch_size
@@ -162,7 +168,7 @@ class HFEngine:
             self._batcher = ContinuousBatcher(
                 self.model, budget, pad_id=self.settings.pad_token_id, cache_kw=_cache_kw(self.model),
                 cuda_graphs=self.device.type == "cuda" if compile is None else compile,
-                max_num_batched_tokens=max_num_batched_tokens, generator=self._generator,
+                max_num_batched_tokens=max_num_batched_tokens, generator=self._generator, compile_decode=torch_compile,
             )  # fmt: skip
 
     # -- Engine API ---------------------------------------------------------------------------
