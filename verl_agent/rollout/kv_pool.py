@@ -42,6 +42,7 @@ def slot_attention(module: Any, query, key, value, attention_mask, scaling=None,
     """SDPA over the pool's K/V with an explicit additive mask [B, 1, T, kv_len]; returns ([B, T, H, D], None)."""
     b, h, t, d = query.shape
     hkv = key.shape[1]
+    key, value = key[:, :, : attention_mask.shape[-1]], value[:, :, : attention_mask.shape[-1]]  # the kv_len columns
     group = h // hkv
     if t == 1 and group > 1:  # decode: query heads of one group become that group's query rows
         q = query.reshape(b, hkv, group, d)
@@ -201,8 +202,8 @@ class SlotKVPool:
         idx = rows[:, None].expand(b, t)
         k_all[idx, :, self.write_pos] = key.transpose(1, 2).to(k_all.dtype)
         v_all[idx, :, self.write_pos] = value.transpose(1, 2).to(v_all.dtype)
-        if self.rows is None:
-            return k_all[:b, :, : self.kv_len], v_all[:b, :, : self.kv_len]
+        if self.rows is None:  # decode: views; attention keeps the mask's kv_len columns (so that a compiled
+            return k_all[:b], v_all[:b]  # step takes kv_len from a tensor's shape and need not recompile for it)
         return k_all[self.rows, :, : self.kv_len], v_all[self.rows, :, : self.kv_len]
 
     def swap(self, pairs: list[tuple[int, int]]) -> None:

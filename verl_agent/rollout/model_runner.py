@@ -37,7 +37,8 @@ class ModelRunner:
         # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
         # ~30 a layer, a few microseconds each even inside a CUDA graph). Decode steps only: their shapes
         # come from a few buckets; prefill chunks change shape at nearly every call.
-        self.decode_model = torch.compile(model, dynamic=None) if compile_decode else model
+        # dynamic: one compile serves every (rows, kv_len) bucket.
+        self.decode_model = torch.compile(model, dynamic=True) if compile_decode else model
         self.min_kv = 256 if self.cuda_graphs else 64
         self.min_rows = 8 if self.cuda_graphs else 1
         self.pool: SlotKVPool | None = None
