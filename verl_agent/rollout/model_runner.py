@@ -37,8 +37,9 @@ class ModelRunner:
         # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
         # ~30 a layer, a few microseconds each even inside a CUDA graph). Decode steps only: their shapes
         # come from a few buckets; prefill chunks change shape at nearly every call.
-        # dynamic: one compile serves every (rows, kv_len) bucket.
-        self.decode_model = torch.compile(model, dynamic=True) if compile_decode else model
+        # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes
+        # (the setting measured on the H100; dynamic=True from the start is untested there).
+        self.decode_model = torch.compile(model, dynamic=None) if compile_decode else model
         self.min_kv = 256 if self.cuda_graphs else 64
         self.min_rows = 8 if self.cuda_graphs else 1
         self.pool: SlotKVPool | None = None
