@@ -107,7 +107,8 @@ def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repe
         m1 = engine.metrics()
         if stats is not None and m1.get("engine/decode_steps"):
             steps = m1["engine/decode_steps"] - m0["engine/decode_steps"]
-            stats.update(first_call_s=first_s, decode_step_ms=1e3 * (m1["engine/decode_s"] - m0["engine/decode_s"]) / steps)
+            decode_s = m1["engine/decode_s"] - m0["engine/decode_s"]
+            stats.update(first_call_s=first_s, decode_step_ms=1e3 * decode_s / steps)
         await engine.close()
         return best
 
@@ -140,7 +141,8 @@ def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,
     res: dict[str, float | str] = {"gpu_name": torch.cuda.get_device_name(), "shape": shape}
     eager, compiled = {}, {}
     runs = {"generate": ("gpu_generate_static_tok_s", lambda: _raw_generate(model, batch, plen, new, static=True)),
-            "continuous": ("gpu_engine_tok_s", lambda: _engine_throughput(model, batch, plen, new, "cuda", stats=eager)),
+            "continuous": ("gpu_engine_tok_s",
+                           lambda: _engine_throughput(model, batch, plen, new, "cuda", stats=eager)),
             "compiled": ("gpu_engine_compiled_tok_s", lambda: _engine_throughput(
                 model, batch, plen, new, "cuda", torch_compile=True, stats=compiled)),
             "batch": ("gpu_engine_batch_sched_tok_s",

@@ -33,9 +33,10 @@ def report(fault: str, outcome: str, exact: str, detect: float | None, resume: f
     REPORT.append({"fault": fault, "outcome": outcome, "exact": exact, "detect": fmt(detect), "resume": fmt(resume)})
 
 
-# Metrics that are not a function of (seed, step): wall-clock times, and the engine-vs-actor log-prob gap,
-# which depends on how the engine happened to batch concurrent requests (float summation order).
-NONDETERMINISTIC = ("time/", "perf/", "rollout/seconds/", "rollout/actor_logprob_diff")
+# Metrics that are not a function of (seed, step): wall-clock times, the engine's counters (how requests
+# happened to share prefill chunks and decode steps; a resumed engine also counts from zero), and the
+# engine-vs-actor log-prob gap, which depends on that batching too (float summation order).
+NONDETERMINISTIC = ("time/", "perf/", "engine/", "rollout/seconds/", "rollout/actor_logprob_diff")
 
 
 def _parent(pid: int) -> int:

@@ -13,7 +13,7 @@ Two runs carry every case, to keep the module within a few minutes on 2 cores.
    Every stop is a TrainingError (the command: exit status 1 and the same message) naming the step,
    the cause and the last complete checkpoint; no half-written checkpoint is ever "latest"; and
    every metrics line of the run equals the uninterrupted reference run's exactly (same seed, CPU),
-   except wall-clock times and the engine-vs-actor log-prob gap (see fault_helpers.NONDETERMINISTIC).
+   except wall-clock times, engine counters and the engine-vs-actor log-prob gap (fault_helpers.NONDETERMINISTIC).
 2. One run whose faults stay inside trajectories, 64 at once: a code tool (the calculator, run in
    the sandbox) hangs past tool_timeout on 30 % of its calls, the sandbox server is killed while
    the tool is in use and restarted, the reward function raises on some samples, engine requests

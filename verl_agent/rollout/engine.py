@@ -65,7 +65,9 @@ if TYPE_CHECKING:
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 # `metrics()` names that are current values, not cumulative counters
-ENGINE_GAUGES = frozenset({"engine/kv_slots", "engine/kv_tokens_per_slot", "engine/cuda_graphs", "engine/sessions_idle"})
+ENGINE_GAUGES = frozenset(
+    {"engine/kv_slots", "engine/kv_tokens_per_slot", "engine/cuda_graphs", "engine/sessions_idle"}
+)
 
 
 def counter_changes(before: dict[str, float], now: dict[str, float]) -> dict[str, float]:

@@ -117,7 +117,8 @@ def train(cfg: RunConfig) -> TrainResult:
                     m["rollout/policy_lag/mean"] = sum(lags) / max(1, len(lags))
                     m["rollout/policy_lag/max"] = float(max(lags, default=0))
                     m.update({k: sum(o.counts.get(k, 0.0) for o in outs) for k in set().union(*(o.counts for o in outs))})
-                    m.update({k: sum(o.engine.get(k, 0.0) for o in outs) for k in set().union(*(o.engine for o in outs))})
+                    engine_keys = set().union(*(o.engine for o in outs))  # counters: this step's, all replicas
+                    m.update({k: sum(o.engine.get(k, 0.0) for o in outs) for k in engine_keys})
                     _check_infra_failures(summaries, t.max_infra_failure_fraction)
                 with timer("log_probs", m):
                     m.update(group.compute_log_probs(n_mini))
