@@ -284,3 +284,20 @@ async def test_an_engine_that_cannot_interrupt_is_paused_at_the_end_of_its_calls
     assert call.done() and len(call.result().token_ids) == 30 and call.result().versions == [0] * 30
     pe.resume()
     await e.close()
+
+
+async def test_counter_changes_give_one_rounds_work_and_keep_gauges(small_model):
+    """What the trainer logs per step: counters differenced between two metrics() calls, gauges as they are."""
+    from verl_agent.rollout.engine import ENGINE_GAUGES, counter_changes
+
+    eng = engine(small_model, max_num_seqs=4)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=6)
+    await asyncio.gather(*(eng.generate(PROMPT, sp) for _ in range(3)))
+    before = eng.metrics()
+    await asyncio.gather(*(eng.generate(PROMPT + [20 + i], sp) for i in range(2)))
+    step = counter_changes(before, eng.metrics())
+    assert step["engine/requests"] == 2 and step["engine/generated_tokens"] == 12
+    assert step["engine/prefill_tokens"] == 2 * (len(PROMPT) + 1) and step["engine/decode_s"] > 0
+    assert step["engine/kv_slots"] == before["engine/kv_slots"] == 4  # a gauge, not differenced
+    assert set(ENGINE_GAUGES) <= set(step)  # the gauge names are the engine's own
+    await eng.close()

@@ -23,6 +23,9 @@ def test_multi_node_cluster_runs_one_step(ray_cluster, make_cfg, dev_model_path)
                             "actor_rollout_ref.model.enable_gradient_checkpointing=true"))
     assert len({w["node_id"] for w in result.workers}) == 2
     assert len(result.history) == 1 and math.isfinite(result.history[0]["actor/pg_loss"])
+    step = result.history[0]  # the engines' counters over the step, both replicas: every model token, once
+    assert step["engine/generated_tokens"] == step["rollout/model_tokens_total"] > 0
+    assert step["engine/decode_steps"] > 0 and step["engine/prefill_tokens"] > 0 and step["engine/decode_s"] > 0
 
 
 KILLER = '''
