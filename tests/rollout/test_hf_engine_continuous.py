@@ -301,3 +301,20 @@ async def test_counter_changes_give_one_rounds_work_and_keep_gauges(small_model)
     assert step["engine/kv_slots"] == before["engine/kv_slots"] == 4  # a gauge, not differenced
     assert set(ENGINE_GAUGES) <= set(step)  # the gauge names are the engine's own
     await eng.close()
+
+
+async def test_the_rest_of_a_burst_is_prefilled_without_waiting_for_pacing(tiny_model_path):
+    """9 prompts of 500 tokens, 2048-token chunks: 4 + 4 + 1 rows. The third chunk is smaller than the budget,
+    but it is the rest of a burst whose previous chunk was cut by the budget, so it runs at the next step
+    instead of waiting out the pacing (twice a 2000-token chunk's time: 31 decode steps in all before)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path)).eval()
+    eng = engine(model, max_num_seqs=16, max_model_len=600, max_num_batched_tokens=2048)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=16)
+    outs = await asyncio.gather(*(eng.generate([5 + i] * 500, sp) for i in range(9)))
+    assert all(len(o.token_ids) == 16 for o in outs)
+    m = eng.metrics()
+    assert m["engine/prefill_chunks"] == 3
+    assert m["engine/decode_steps"] <= 16 + 3  # 15 steps for the last rows, plus one before each later chunk
+    await eng.close()

@@ -34,6 +34,7 @@ class Scheduler:
         self.waiting_tokens = 0  # sum of est_prefill over `waiting`
         self.running: dict[int, Seq] = {}  # slot -> sequence in PREFILL or DECODE
         self._release_when_done: set[str] = set()
+        self.last_chunk_full = False  # the last chunk stopped at the token budget with more prompt tokens ready
         self.counters = {"prefill_tokens_saved": 0, "sessions_reused": 0, "sessions_reset": 0}
 
     def add(self, seq: Seq) -> None:
@@ -64,14 +65,17 @@ class Scheduler:
         """Admit what fits and carve this step's prefill chunk."""
         chunks: list[Chunk] = []
         width = 0
+        self.last_chunk_full = False
         for seq in self._prefill_candidates():
             cap = self.budget // (len(chunks) + 1)
-            if chunks and width > cap:
+            if chunks and width > cap:  # this one stays admitted, first in the next chunk
+                self.last_chunk_full = True
                 break
             start = seq.n_cached
             end = start + min(len(seq.prompt) - start, cap if chunks else self.budget)
             chunks.append((seq, start, end))
             width = max(width, end - start)
+            self.last_chunk_full = end < len(seq.prompt)  # a long prompt split over chunks
         return chunks
 
     def _prefill_candidates(self) -> Iterator[Seq]:
