@@ -111,3 +111,15 @@ async def test_seeded_groups_get_distinct_seeds(chat_tokenizer, rollout_cfg):
     lp = AgentLoop(engine, chat_tokenizer, rollout_cfg, max_prompt_length=200, max_response_length=50)
     await lp.run([sample(uid="a"), sample(uid="b")], 2, SamplingParams(seed=10))
     assert sorted(seen) == [10, 11, 12, 13]
+
+
+def test_sglang_server_args_carry_the_rollout_settings(rollout_cfg):
+    """gpu_memory_utilization and enable_torch_compile become SGLang flags; sglang.extra_args win."""
+    from verl_agent.rollout.build import sglang_server_args
+
+    assert sglang_server_args(rollout_cfg) == ["--mem-fraction-static", "0.5"]
+    cfg = rollout_cfg.model_copy(update={"enable_torch_compile": True, "gpu_memory_utilization": 0.7})
+    assert sglang_server_args(cfg) == ["--mem-fraction-static", "0.7", "--enable-torch-compile"]
+    mine = cfg.model_copy(update={"sglang": cfg.sglang.model_copy(
+        update={"extra_args": ["--mem-fraction-static", "0.3", "--enable-torch-compile"]})})
+    assert sglang_server_args(mine) == ["--mem-fraction-static", "0.3", "--enable-torch-compile"]

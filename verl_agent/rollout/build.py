@@ -110,13 +110,19 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
     if own_server and sg.url:
         raise ValueError("actor_rollout_ref.rollout.sglang.url is for `verl-agent rollout`: the trainer launches "
                          "one SGLang server per worker (leave url unset)")
-    extra = list(sg.extra_args)  # on GPU add --enable-memory-saver so that sleep() frees memory
+    return SGLangEngine(None if own_server else sg.url, model_path=str(model), python=sg.python,
+                        port=None if own_server else sg.port, extra_args=sglang_server_args(rollout), env=sg.env)
+
+
+def sglang_server_args(rollout: RolloutConfig) -> list[str]:
+    """The command-line flags an SGLang server gets from the rollout config (after sglang.extra_args, which
+    win: on GPU add --enable-memory-saver there so that sleep() frees memory)."""
+    extra = list(rollout.sglang.extra_args)
     if "--mem-fraction-static" not in extra:
         extra += ["--mem-fraction-static", str(rollout.gpu_memory_utilization)]
     if rollout.enable_torch_compile and "--enable-torch-compile" not in extra:
         extra.append("--enable-torch-compile")
-    return SGLangEngine(None if own_server else sg.url, model_path=str(model), python=sg.python,
-                        port=None if own_server else sg.port, extra_args=extra, env=sg.env)
+    return extra
 
 
 def build_reward(data: DataConfig, custom: CustomRewardFunctionConfig) -> Any:
