@@ -216,8 +216,8 @@ class RolloutConfig(Section):
                                           "for weights + KV cache: hf continuous sizes its KV slots by it; "
                                           "sglang's --mem-fraction-static")
     enable_torch_compile: bool = Field(False, description="torch.compile the decode step: hf continuous compiles "
-                                       "its forward before the CUDA-graph capture (a compile per decode shape on "
-                                       "first use); sglang: --enable-torch-compile")
+                                       "its forward before the CUDA-graph capture (compiles at the first decode "
+                                       "shapes: ~2 min for a 7B model); sglang: --enable-torch-compile")
     free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
                                     "the actor trains; trainer.mode=sync only (the async modes keep generating)")
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)

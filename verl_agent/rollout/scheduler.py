@@ -75,7 +75,7 @@ class Scheduler:
             end = start + min(len(seq.prompt) - start, cap if chunks else self.budget)
             chunks.append((seq, start, end))
             width = max(width, end - start)
-            self.last_chunk_full = end < len(seq.prompt)  # a long prompt split over chunks
+            self.last_chunk_full |= end < len(seq.prompt)  # a prompt split over chunks
         return chunks
 
     def _prefill_candidates(self) -> Iterator[Seq]:
