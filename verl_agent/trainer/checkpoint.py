@@ -99,11 +99,12 @@ def verify(path: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"its completion marker {MARKER} is unreadable ({type(e).__name__}: {e})"
     for name, size in files.items():
-        f = path / name
-        if not f.is_file():
+        try:  # one stat: the checkpoint may be being replaced by a running trainer while another process looks
+            actual = (path / name).stat().st_size
+        except FileNotFoundError:
             return f"{name} is missing"
-        if f.stat().st_size != size:
-            return f"{name} is {f.stat().st_size} bytes, {size} when written (truncated or overwritten)"
+        if actual != size:
+            return f"{name} is {actual} bytes, {size} when written (truncated or overwritten)"
     return None
 
 
