@@ -10,6 +10,8 @@ the first step of each (compilation, Ray start) is left out.
     python bench/async_train.py --device cuda --model 0.5b         # one GPU, a Qwen2-0.5B-shaped body
     python bench/async_train.py --split                            # + async with trainer.placement=split
     python bench/async_train.py --split auto object_store          # ... once per trainer.weight_transport
+    python bench/async_train.py --device cuda --model 0.5b --modes async --split --rollout-gpus 1
+                                                                   # two GPUs: the rollout worker on its own
 
 Prints a table and one JSON line: trajectories trained per second per mode and the ratio to the first
 mode (sync by default).
@@ -143,6 +145,9 @@ def main() -> None:
     p.add_argument("--split", nargs="*", choices=["auto", "collective", "object_store"], default=None,
                    metavar="TRANSPORT", help="also async with trainer.placement=split (one rollout worker; on one GPU it gets half of "
                    "it, the train worker the other half), once per trainer.weight_transport given (default auto)")
+    p.add_argument("--rollout-gpus", type=float, default=0.5, choices=[0.5, 1.0],
+                   help="cuda, --split: the rollout worker's share of a GPU; 0.5 shares the train worker's card, "
+                        "1 gives it its own (two GPUs; the weights then go by NCCL broadcast)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="async-bench-"))
     base = _setup(args, tmp)
@@ -152,7 +157,7 @@ def main() -> None:
         rows[f"async(k={k})" if mode == "async" else mode] = run_mode(base, mode, k, tmp)
     transports = [] if args.split is None else args.split or ["auto"]
     for transport in transports:
-        split = ["trainer.placement=split", *(["trainer.rollout_gpus_per_worker=0.5"] if args.device == "cuda" else []),
+        split = ["trainer.placement=split", *([f"trainer.rollout_gpus_per_worker={args.rollout_gpus}"] if args.device == "cuda" else []),
                  f"trainer.weight_transport={transport}"]
         rows[f"async(k={args.staleness}) split {transport}"] = run_mode(base, "async", args.staleness, tmp, split)
     sync = next(iter(rows.values()))["trajectories_per_s"]

@@ -4,6 +4,9 @@
     python bench/weight_sync.py --device cuda --model 0.5b --transports auto object_store
                                                             # one GPU, half each: CUDA IPC vs object store
                                                             # (NCCL cannot join two ranks on one GPU)
+    python bench/weight_sync.py --device cuda --model 7b --rollout-gpus 1
+                                                            # two GPUs, one each: auto and collective are
+                                                            # both the NCCL broadcast, then the object store
 
 One WorkerGroup per trainer.weight_transport (placement split, one train rank, one rollout worker; the same
 random Qwen2-shaped model as bench/async_train.py), one untimed push, then --repeat timed pushes, each
@@ -27,17 +30,20 @@ sys.path.insert(0, str(ROOT / "bench"))
 from async_train import _setup  # noqa: E402  (same model and config as the async bench)
 
 
-def push(base: list[str], transport: str, repeat: int, gpu: bool) -> dict[str, float]:
+def push(base: list[str], transport: str, repeat: int, rollout_gpus: float | None) -> dict[str, float]:
     import ray
 
     from verl_agent.config import load_config
     from verl_agent.trainer.controller import WorkerGroup
 
     cfg = load_config(None, [*base, "trainer.placement=split", f"trainer.weight_transport={transport}",
-                             "trainer.num_cpu_workers=1", *(["trainer.rollout_gpus_per_worker=0.5"] if gpu else [])])
+                             "trainer.num_cpu_workers=1",
+                             *([f"trainer.rollout_gpus_per_worker={rollout_gpus}"] if rollout_gpus else [])])
     group = WorkerGroup.create(cfg)
-    try:
-        route = {"auto": "handle", "collective": "collective", "object_store": "object_store"}[transport]
+    try:  # auto maps rank 0's memory where it can: shared memory on CPU, CUDA IPC on a shared GPU
+        own_card = rollout_gpus is not None and rollout_gpus >= 1
+        route = {"auto": "collective" if own_card else "handle", "collective": "collective",
+                 "object_store": "object_store"}[transport]
         assert group.routes == [route], f"{transport}: the rollout worker's route is {group.routes}"
         group.sync_weights(version=1)  # untimed: first touch of the staging memory, IPC handles opened
         seconds = []
@@ -62,14 +68,22 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--transports", nargs="+", default=["auto", "collective", "object_store"],
                    choices=["auto", "collective", "object_store"])
+    p.add_argument("--rollout-gpus", type=float, default=0.5, choices=[0.5, 1.0],
+                   help="cuda: the rollout worker's share of a GPU; 0.5 shares the train rank's card (one GPU), "
+                        "1 gives it a card of its own (two GPUs: the weights go by NCCL broadcast)")
     args = p.parse_args()
+    if args.device == "cuda" and args.rollout_gpus >= 1:
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            raise SystemExit(f"--rollout-gpus 1 needs two GPUs, this machine has {torch.cuda.device_count()}")
     tmp = Path(tempfile.mkdtemp(prefix="weight-sync-bench-"))
     shape = argparse.Namespace(device=args.device, model=args.model, batch=1, steps=1, turns=1, max_new=8,
                                latency=[0.01, 0.01], workers=1, n=1)
     base = _setup(shape, tmp)
     gpu = args.device == "cuda"
     itemsize = 2 if gpu and args.model != "tiny" else 4  # bfloat16 on GPU (as async_train), else float32
-    rows = {t: push(base, t, args.repeat, gpu) for t in args.transports}
+    rows = {t: push(base, t, args.repeat, args.rollout_gpus if gpu else None) for t in args.transports}
     print(f"\n{'transport':<14}{'push s (median)':>16}{'max s':>8}{'GB/s':>8}")
     for name, r in rows.items():
         r["gb_per_s"] = r["parameters"] * itemsize / r["push_s"] / 1e9
