@@ -1,9 +1,11 @@
 """Docker backend start-up: guarantees are probed for real (a weakened runner is refused, naming the
-guarantee), and a backend removes only the containers of its own instance id."""
+guarantee), a backend removes only the containers of its own instance id, and a sandbox starts at a high
+CPU weight, without Docker's network hook."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 
 import pytest
@@ -11,25 +13,22 @@ import pytest
 
 def weakened(cls, change):
     class Weakened(cls):
-        def _flags(self, name):
-            return change(super()._flags(name))
+        def _config(self, cmd):
+            config = super()._config(cmd)
+            change(config, config["HostConfig"])
+            return config
 
     return Weakened
 
 
-def _swap(flags, old, new):
-    i = next(i for i in range(len(flags)) if flags[i:i + len(old)] == old)
-    return flags[:i] + new + flags[i + len(old):]
-
-
 @pytest.mark.parametrize("guarantee,change", [
-    ("non_root_uid", lambda f: _swap(f, ["--user", "10001:10001"], ["--user", "0:0"])),
-    ("no_network", lambda f: _swap(f, ["--network", "none"], ["--network", "bridge"])),
-    ("read_only_system", lambda f: _swap(f, ["--read-only"], [])),
-    ("no_capabilities", lambda f: f + ["--cap-add", "SYS_PTRACE"]),
-    ("no_capabilities", lambda f: _swap(f, ["--security-opt", "no-new-privileges"], [])),
-    ("own_pid_namespace", lambda f: f + ["--pid", "host"]),
-    ("clean_env", lambda f: f + ["--env", "LEAKED_TOKEN=x"]),
+    ("non_root_uid", lambda c, h: c.update(User="0:0")),
+    ("no_network", lambda c, h: (c.update(NetworkDisabled=False), h.update(NetworkMode="bridge"))),
+    ("read_only_system", lambda c, h: h.update(ReadonlyRootfs=False)),
+    ("no_capabilities", lambda c, h: h.update(CapAdd=["SYS_PTRACE"])),
+    ("no_capabilities", lambda c, h: h.update(SecurityOpt=[])),
+    ("own_pid_namespace", lambda c, h: h.update(PidMode="host")),
+    ("clean_env", lambda c, h: c.update(Env=["LEAKED_TOKEN=x"])),
 ])
 def test_a_weakened_runner_is_refused_naming_the_guarantee(docker_backend_cls, guarantee, change):
     from verl_agent.sandbox.backends.docker import IsolationError
@@ -72,3 +71,31 @@ def test_a_server_removes_only_its_own_containers(docker_backend_cls):
             await mine.close()
 
     asyncio.run(scenario())
+
+
+def _inspect(name: str) -> dict:
+    return json.loads(subprocess.run(["docker", "inspect", name], capture_output=True, text=True, check=True).stdout)[0]
+
+
+def test_a_sandbox_starts_at_a_high_cpu_weight_without_the_network_hook_and_settles_when_ready(docker_backend_cls):
+    """NetworkDisabled: Docker gives the container an empty network namespace and no libnetwork prestart hook
+    (the probe's no_network guarantee still holds, see above); the starting container outweighs running
+    sandboxes until its agent is ready, then weighs what they weigh."""
+    from verl_agent.sandbox.backends.docker import CPU_SHARES, STARTING_CPU_SHARES
+
+    async def scenario():
+        backend = docker_backend_cls(memory_mb=256, pids=32, tmpfs_mb=16)
+        worker = await backend.spawn()
+        try:
+            starting = await asyncio.to_thread(_inspect, worker.name)
+            await worker.ready(60)
+            ready = await asyncio.to_thread(_inspect, worker.name)
+        finally:
+            await worker.destroy()
+            await backend.close()
+        return starting, ready
+
+    starting, ready = asyncio.run(scenario())
+    assert starting["Config"]["NetworkDisabled"] is True and starting["HostConfig"]["NetworkMode"] == "none"
+    assert (starting["HostConfig"]["CpuShares"], ready["HostConfig"]["CpuShares"]) == (STARTING_CPU_SHARES, CPU_SHARES)
+    assert ready["HostConfig"]["NanoCpus"] == 10**9  # the CPU limit is untouched by the weight

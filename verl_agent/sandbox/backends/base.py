@@ -47,12 +47,17 @@ def agent_argv(python: str = "/usr/bin/python3") -> list[str]:
 class Worker:
     """One live sandbox; ``call`` sends a job and waits for its reply, at most ``deadline`` seconds."""
 
-    def __init__(self, name: str, proc: asyncio.subprocess.Process, destroy: Callable[[], Awaitable[None]]):
-        self.name, self.proc, self._destroy = name, proc, destroy
+    def __init__(self, name: str, proc: asyncio.subprocess.Process, destroy: Callable[[], Awaitable[None]],
+                 on_ready: Callable[[], Awaitable[None]] | None = None):
+        self.name, self.proc, self._destroy, self._on_ready = name, proc, destroy, on_ready
         self.uses, self.broken = 0, False
 
     async def ready(self, timeout: float) -> dict:
-        return await self._read(timeout)
+        """The agent's hello, once it has started; then the backend's ``on_ready`` step, if any."""
+        hello = await self._read(timeout)
+        if self._on_ready is not None:
+            await self._on_ready()
+        return hello
 
     async def call(self, job: dict, deadline: float) -> dict:
         self.uses += 1
