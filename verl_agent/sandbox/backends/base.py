@@ -1,7 +1,7 @@
 """A sandbox worker (one live sandbox running the agent) and the warm pool that hands them out.
 
-A backend only says how to start a sandbox (an argv whose stdin/stdout reach the agent) and how to
-destroy it. Everything else is shared: the JSON-lines protocol, the server-side hard deadline
+A backend only says how to start a sandbox (something whose stdin/stdout reach the agent: a process,
+or a container attached over the Docker API) and how to destroy it. Everything else is shared: the JSON-lines protocol, the server-side hard deadline
 (the agent is never trusted to stop on time), and recycling: a worker whose agent reported it may
 be dirty (a process survived the kill, scratch space not wiped, SysV IPC in use), that hit
 ``max_uses``, or that broke the protocol or the server-side deadline is destroyed (a replacement
@@ -21,13 +21,14 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from importlib import resources
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["SandboxBackend", "Worker", "WorkerError", "WorkerPool", "agent_argv"]
 
 WORKDIR = "/tmp/sandbox"
-_READ_LIMIT = 256 << 20  # one reply line may carry capped outputs and fetched files
+READ_LIMIT = 256 << 20  # one reply line may carry capped outputs and fetched files
 SPAWN_PARALLEL = 4  # sandboxes started at once by one pool
 
 
@@ -44,10 +45,22 @@ def agent_argv(python: str = "/usr/bin/python3") -> list[str]:
     return [python, "-I", "-u", "-c", agent, WORKDIR, kernel]
 
 
+class AgentProcess(Protocol):
+    """What a Worker needs of its agent: an ``asyncio.subprocess.Process`` has it all."""
+
+    stdin: asyncio.StreamWriter
+    stdout: asyncio.StreamReader
+    returncode: int | None
+
+    async def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
+
+
 class Worker:
     """One live sandbox; ``call`` sends a job and waits for its reply, at most ``deadline`` seconds."""
 
-    def __init__(self, name: str, proc: asyncio.subprocess.Process, destroy: Callable[[], Awaitable[None]],
+    def __init__(self, name: str, proc: AgentProcess, destroy: Callable[[], Awaitable[None]],
                  on_ready: Callable[[], Awaitable[None]] | None = None):
         self.name, self.proc, self._destroy, self._on_ready = name, proc, destroy, on_ready
         self.uses, self.broken = 0, False
@@ -124,7 +137,7 @@ class SandboxBackend:
     async def start_process(argv: list[str], **kwargs) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, limit=_READ_LIMIT, **kwargs,
+            stderr=asyncio.subprocess.DEVNULL, limit=READ_LIMIT, **kwargs,
         )
 
     @staticmethod

@@ -1,8 +1,9 @@
 """``docker`` backend: one long-lived runner container per warm worker, the agent as its PID 1.
 
-The container is created through the Docker Engine API and started with ``docker start -ai``; the agent
-speaks over the attached stdin/stdout, so a run costs no ``docker exec`` and nothing is created on the
-request path. Every container: no network (its own network namespace with only loopback), a non-root
+The container is created, attached and started through the Docker Engine API on the daemon's socket;
+the agent speaks over the attached stdin/stdout (``AttachedContainer``), so a run costs no ``docker
+exec``, nothing is created on the request path, and no ``docker`` CLI process stays beside each sandbox
+(25 MB of host memory each, measured, and part of every start). Every container: no network (its own network namespace with only loopback), a non-root
 uid, ``CapDrop ALL``, ``no-new-privileges``, read-only root, size-limited tmpfs /tmp and /var/tmp owned by
 the run uid, memory/pids/CPU limits, private IPC, no log driver (output never lands on the host disk),
 and only Docker's own PATH/HOSTNAME/HOME in its env.
@@ -40,13 +41,14 @@ from typing import Any
 
 import httpx
 
-from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv
+from verl_agent.sandbox.backends.base import READ_LIMIT, SandboxBackend, Worker, agent_argv
 from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, IsolationError, judge, parse_probe
 from verl_agent.sandbox.languages import LANGUAGES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_IMAGE", "DockerBackend", "IsolationError", "docker_available", "remove_containers"]
+__all__ = ["DEFAULT_IMAGE", "AttachedContainer", "DockerBackend", "IsolationError", "docker_available",
+           "remove_containers"]
 
 DEFAULT_IMAGE = "verl-agent-sandbox-runner:latest"
 SERVER_LABEL = "verl-agent.sandbox.server"
@@ -120,7 +122,7 @@ class DockerBackend(SandboxBackend):
         except (OSError, httpx.HTTPError, subprocess.TimeoutExpired, ValueError, IndexError, TypeError) as e:
             why = (done is not None and done.stderr.strip()[-300:]) or f"{type(e).__name__}: {e}"
             raise IsolationError(f"docker backend: the isolation probe did not run ({why}); refusing to serve") from e
-        finally:  # gone already when it ran (AutoRemove); left created when the start failed
+        finally:
             subprocess.run(["docker", "rm", "-f", name], capture_output=True)
         judge("docker", found, set(GUARANTEES))  # docker claims every guarantee
         logger.info("docker backend %s: every guarantee probed and holds: %s", self.instance_id, sorted(found))
@@ -139,7 +141,7 @@ class DockerBackend(SandboxBackend):
             "AttachStdin": True, "AttachStdout": True, "AttachStderr": True, "OpenStdin": True, "StdinOnce": True,
             "NetworkDisabled": True,  # a network namespace of its own, and no libnetwork hook at start
             "HostConfig": {
-                "AutoRemove": True, "NetworkMode": "none", "LogConfig": {"Type": "none", "Config": {}},
+                "NetworkMode": "none", "LogConfig": {"Type": "none", "Config": {}},
                 "CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges"], "ReadonlyRootfs": True,
                 "IpcMode": "private", "Tmpfs": {"/tmp": tmpfs, "/var/tmp": tmpfs}, "ShmSize": self.tmpfs_mb << 20,
                 "Memory": self.memory_mb << 20, "MemorySwap": self.memory_mb << 20, "PidsLimit": self.pids,
@@ -156,21 +158,28 @@ class DockerBackend(SandboxBackend):
                      name)
         except httpx.HTTPError as e:
             raise OSError(f"docker backend: creating {name} failed: {e}") from e
+        proc = None
         try:
-            proc = await self.start_process(["docker", "start", "-a", "-i", name])
-        except BaseException:
-            await api.delete(f"/containers/{name}", params={"force": "1"})
+            proc = await AttachedContainer.open(name, api)  # before the start: no output is missed
+            started = await api.post(f"/containers/{name}/start")
+            if started.status_code != 204:
+                raise OSError(f"docker backend: starting {name} failed: HTTP {started.status_code} {started.text}")
+        except BaseException as e:
+            if proc is not None:
+                proc.kill()
+            with contextlib.suppress(httpx.HTTPError):
+                await api.delete(f"/containers/{name}", params={"force": "1"})
+            if isinstance(e, httpx.HTTPError):
+                raise OSError(f"docker backend: starting {name} failed: {e}") from e
             raise
 
         async def destroy() -> None:
-            rm = await asyncio.create_subprocess_exec(
-                "docker", "rm", "-f", name, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-            await rm.wait()
-            # the attached `docker start` ends with its container: wait for it rather than kill it, since
-            # killing a child that is exiting reaps it behind asyncio's child watcher (which then warns
-            # "Unknown child process" and reports exit code 255)
+            try:
+                await self._client().delete(f"/containers/{name}", params={"force": "1"})
+            except httpx.HTTPError as e:  # the stale-container sweep (same instance id) removes it later
+                logger.warning("docker backend: removing %s failed: %s", name, e)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(proc.wait(), 10)
+                await asyncio.wait_for(proc.wait(), 10)  # the attach stream ends with the container
 
         async def settle() -> None:  # ready: from now on it weighs what every other sandbox weighs
             try:
@@ -200,6 +209,65 @@ class DockerBackend(SandboxBackend):
             await self._api.aclose()
         self._api = None
         await asyncio.to_thread(self.remove_stale)
+
+
+class AttachedContainer:
+    """A created container's stdin and stdout over one Engine API attach connection, shaped like the
+    asyncio Process a Worker drives (``stdin``, ``stdout``, ``returncode``, ``wait``, ``kill``)."""
+
+    def __init__(self, name: str, api: httpx.AsyncClient, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:  # fmt: skip
+        self.name, self._api = name, api
+        self.stdin = writer
+        self.stdout = asyncio.StreamReader(limit=READ_LIMIT)
+        self.returncode: int | None = None
+        self._pump = asyncio.ensure_future(self._demux(reader))
+
+    @classmethod
+    async def open(cls, name: str, api: httpx.AsyncClient) -> AttachedContainer:
+        reader, writer = await asyncio.open_unix_connection(docker_socket())
+        # httpx does not hand over an upgraded connection, so this one request is written here
+        writer.write(f"POST /containers/{name}/attach?stream=1&stdin=1&stdout=1&stderr=1 HTTP/1.1\r\n"
+                     "Host: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode())
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        if head.split(b" ", 2)[1:2] not in ([b"101"], [b"200"]):
+            writer.close()
+            raise OSError(f"docker backend: attaching to {name} failed: {head.decode(errors='replace').strip()}")
+        return cls(name, api, reader, writer)
+
+    async def _demux(self, reader: asyncio.StreamReader) -> None:
+        """Without a TTY Docker frames the output: 1 byte stream (1 stdout, 2 stderr), 3 zero bytes, a
+        4-byte big-endian length, the bytes. Stdout goes on; stderr (the agent's own tracebacks) is dropped,
+        as the process backend drops it."""
+        try:
+            while True:
+                header = await reader.readexactly(8)
+                payload = await reader.readexactly(int.from_bytes(header[4:8], "big"))
+                if header[0] == 1:
+                    self.stdout.feed_data(payload)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the container ended (or was removed)
+        finally:
+            self.stdout.feed_eof()
+            self.stdin.close()
+
+    async def wait(self) -> int:
+        """The agent's exit code once its container has ended; -9 when the container was removed first."""
+        await asyncio.shield(self._pump)
+        if self.returncode is None:
+            try:  # returns at once for an ended container; 404 for a removed one
+                done = await self._api.post(f"/containers/{self.name}/wait", params={"condition": "not-running"})
+                code = done.json().get("StatusCode") if done.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                code = None
+            self.returncode = -9 if code is None else int(code)
+        return self.returncode
+
+    def kill(self) -> None:
+        """Drop the connection: the container's stdin closes (the agent exits on end of input), and the
+        output stream ends here."""
+        self.stdin.close()
 
 
 def _created(response: httpx.Response, name: str) -> None:
