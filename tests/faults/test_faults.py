@@ -322,7 +322,7 @@ def test_disk_full_during_checkpoint_write(chain, reference):
     err = attempt.error[attempt.error.rindex("verl-agent: error: training stopped at step"):]  # the command's line
     assert err.startswith("verl-agent: error: training stopped at step 5: writing checkpoint global_step_5 failed "
                           "(the partial one was removed): save_checkpoint raised on worker rank"), err[:300]
-    assert "OSError: [Errno 28] No space left on device" in err
+    assert "OSError: [Errno 28] No space left on device" in err, err
     assert f"last complete checkpoint: {chain.run / ckpt.CKPT_DIR / 'global_step_4'};" in err
     chain.assert_intact(4)  # the partial global_step_5 was removed, "latest" still names step 4
     (chain.mount / "filler.bin").unlink()  # space is back: the same command finishes the run

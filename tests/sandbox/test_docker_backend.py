@@ -99,3 +99,26 @@ def test_a_sandbox_starts_at_a_high_cpu_weight_without_the_network_hook_and_sett
     assert starting["Config"]["NetworkDisabled"] is True and starting["HostConfig"]["NetworkMode"] == "none"
     assert (starting["HostConfig"]["CpuShares"], ready["HostConfig"]["CpuShares"]) == (STARTING_CPU_SHARES, CPU_SHARES)
     assert ready["HostConfig"]["NanoCpus"] == 10**9  # the CPU limit is untouched by the weight
+
+
+def test_the_attach_stream_reports_a_killed_agent_with_its_exit_code(docker_backend_cls):
+    """The agent's stdout comes over the API's attach stream (no docker CLI process): when the container's
+    PID 1 dies the stream ends, the next call fails cleanly, and the exit code is Docker's (SIGKILL: 137)."""
+    from verl_agent.sandbox.backends.base import WorkerError
+
+    async def scenario():
+        backend = docker_backend_cls(memory_mb=256, pids=32, tmpfs_mb=16)
+        worker = await backend.spawn()
+        try:
+            await worker.ready(60)
+            killed = await asyncio.create_subprocess_exec("docker", "kill", worker.name)
+            assert await killed.wait() == 0
+            with pytest.raises(WorkerError, match=r"(crashed|is gone) \(agent exited with 137\)"):
+                await worker.call({"op": "run", "steps": [], "max_output": 100, "max_file": 100}, 30)
+            assert worker.broken
+        finally:
+            await worker.destroy()
+            await backend.close()
+        assert _running(backend.instance_id) == []
+
+    asyncio.run(scenario())

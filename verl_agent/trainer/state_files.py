@@ -23,6 +23,7 @@ input per core).
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import zlib
@@ -52,6 +53,15 @@ def resolve_codec(codec: str) -> str:
         raise ImportError("state_files: trainer.checkpoint_compression=zstd needs the zstandard package "
                           "(pip install zstandard)")
     return codec
+
+
+def save_object(obj: Any, path: Path) -> None:
+    """``torch.save`` through memory, then one plain write: a full disk raises ``OSError`` [Errno 28] naming
+    the file, where torch's own file writer says only "unexpected pos ..." (measured on a full tmpfs)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with open(path, "wb") as f:
+        f.write(buf.getbuffer())
 
 
 def write_back(f, data: memoryview) -> None:
@@ -128,7 +138,7 @@ def save_state(directory: Path, state: dict, rank: int, world_size: int, threads
         else:
             objects[path] = leaf
     if rank == 0:
-        torch.save(objects, directory / OBJECTS)
+        save_object(objects, directory / OBJECTS)
     load = [0] * threads  # bytes per file: largest tensors first, each to the least loaded file
     files: list[list[tuple[str, Any, torch.Tensor, int | None]]] = [[] for _ in range(threads)]
     for item in sorted(tensors, key=lambda x: -x[2].nbytes):

@@ -49,6 +49,7 @@ from verl_agent.trainer.prepare import (
     GROUP_ESTIMATORS, apply_rollout_correction, assign_advantages, filter_groups, log_prob_metrics, train_seqs,
 )
 from verl_agent.trainer.rollout_worker import RolloutHost, RolloutResult, log_trajectories, rollout_result
+from verl_agent.trainer.state_files import save_object
 
 logger = logging.getLogger(__name__)
 
@@ -451,7 +452,7 @@ class TrainWorker:
         if self.critic is not None:
             ckpt.save_shards(path, "critic", self.critic, self.critic_optim, codec)
             extra["critic_sched"] = self.critic_sched.state_dict()
-        torch.save(extra, path / f"extra_rank{self.rank}.pt")
+        save_object(extra, path / f"extra_rank{self.rank}.pt")
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:

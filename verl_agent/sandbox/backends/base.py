@@ -79,7 +79,7 @@ class Worker:
             await self.proc.stdin.drain()
         except (ConnectionError, RuntimeError) as e:
             self.broken = True
-            raise WorkerError(f"sandbox {self.name} is gone: {e}") from e
+            raise WorkerError(f"sandbox {self.name} is gone (agent exited with {await self._rc()}): {e}") from e
         return await self._read(deadline)
 
     async def _read(self, timeout: float) -> dict:
