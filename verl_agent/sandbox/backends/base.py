@@ -1,8 +1,9 @@
 """A sandbox worker (one live sandbox running the agent) and the warm pool that hands them out.
 
 A backend only says how to start a sandbox (something whose stdin/stdout reach the agent: a process,
-or a container attached over the Docker API) and how to destroy it. Everything else is shared: the JSON-lines protocol, the server-side hard deadline
-(the agent is never trusted to stop on time), and recycling: a worker whose agent reported it may
+or a container attached over the Docker API) and how to destroy it. Everything else is shared: the
+JSON-lines protocol, the server-side hard deadline (the agent is never trusted to stop on time), and
+recycling: a worker whose agent reported it may
 be dirty (a process survived the kill, scratch space not wiped, SysV IPC in use), that hit
 ``max_uses``, or that broke the protocol or the server-side deadline is destroyed (a replacement
 starts in the background when the pool needs one); a clean one goes back to the pool for the next
@@ -25,7 +26,7 @@ from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SandboxBackend", "Worker", "WorkerError", "WorkerPool", "agent_argv"]
+__all__ = ["READ_LIMIT", "AgentProcess", "SandboxBackend", "Worker", "WorkerError", "WorkerPool", "agent_argv"]
 
 WORKDIR = "/tmp/sandbox"
 READ_LIMIT = 256 << 20  # one reply line may carry capped outputs and fetched files
