@@ -105,3 +105,22 @@ async def test_default_generate_response_says_what_to_override():
     with pytest.raises(NotImplementedError, match="BaseInteraction.generate_response"):
         await inter.generate_response(iid, [])
     assert await inter.calculate_score(iid) == 0.0 and await inter.calculate_score("unknown") == 0.0
+
+
+async def test_a_non_finite_score_is_an_error_not_a_reward():
+    """NaN/inf from generate_response or calculate_score ends the episode with an error (the agent loop
+    classes it as an infrastructure failure) instead of reaching the advantages."""
+
+    class NanInteraction(CountingInteraction):
+        async def generate_response(self, instance_id, messages, **kwargs):
+            return False, "again", float("nan"), {}
+
+        async def calculate_score(self, instance_id, **kwargs):
+            return float("inf")
+
+    inter = NanInteraction()
+    async with InteractionSession(inter) as s:
+        done, text, score, info = await s.respond([Message("assistant", "a")])
+        assert done and score == 0.0 and "non-finite score (nan)" in info["error"] == s.error
+    async with InteractionSession(inter) as s:
+        assert await s.score() == 0.0 and s.error == "calculate_score returned a non-finite score (inf)"

@@ -197,6 +197,8 @@ async def test_failing_create_reward_release_are_contained():
         assert r.infra == "tool_create_failed"  # our side failed, not the model
         ok = await s.call(ToolCall("calculator", {"expression": "1+1"}))
         assert ok.text == "2" and ok.infra is None
+        with pytest.raises(RuntimeError, match='tool "counter": no reward: its create failed'):
+            await s.calc_reward()  # never the other tools' sum as if nothing happened
     for fail, reward in (("release", 2.0), ("create_tuple", 2.0)):
         tool = BrokenTool(fail)
         async with ToolSession({"counter": tool}, timeout=5) as s:
@@ -245,3 +247,25 @@ async def test_bad_session_arguments():
         ToolSession({}, {"counter": [1]})
     with pytest.raises(RuntimeError, match="outside"):
         await ToolSession({"counter": CounterTool()}).call(ToolCall("counter", {"n": 1}))
+
+
+async def test_non_finite_rewards_are_failures_not_rewards():
+    """A NaN or infinite reward from execute or calc_reward would poison its group's advantages: refused."""
+
+    class Odd(CounterTool):
+        value = float("nan")
+
+        async def execute(self, instance_id, parameters, **kwargs):
+            return "ok", self.value, {}
+
+        async def calc_reward(self, instance_id, **kwargs):
+            return self.value
+
+    for value in (float("nan"), float("inf"), -float("inf")):
+        tool = Odd()
+        tool.value = value
+        async with ToolSession({"counter": tool}, timeout=5) as s:
+            r = await s.call(ToolCall("counter", {"n": 1}))
+            assert not r.ok and r.infra == "tool_crash" and "non-finite reward" in r.text
+            with pytest.raises(RuntimeError, match='tool "counter": calc_reward returned a non-finite value'):
+                await s.calc_reward()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -119,20 +120,30 @@ class InteractionSession:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            self.error = f"{type(e).__name__}: {e}"
-            logger.warning("interaction %r failed: %s", getattr(self.interaction, "name", "?"), self.error)
-            return True, "", 0.0, {"error": self.error}
-        return bool(done), str(text or ""), float(score or 0.0), dict(info or {})
+            return self._failed(f"{type(e).__name__}: {e}")
+        value = float(score or 0.0)
+        if not math.isfinite(value):
+            return self._failed(f"generate_response returned a non-finite score ({value})")
+        return bool(done), str(text or ""), value, dict(info or {})
+
+    def _failed(self, error: str) -> tuple[bool, str, float, dict[str, Any]]:
+        self.error = error
+        logger.warning("interaction %r failed: %s", getattr(self.interaction, "name", "?"), error)
+        return True, "", 0.0, {"error": error}
 
     async def score(self) -> float:
         try:
-            return float(await self.interaction.calculate_score(self.instance_id) or 0.0)
+            value = float(await self.interaction.calculate_score(self.instance_id) or 0.0)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self.error = self.error or f"{type(e).__name__}: {e}"
             logger.warning("interaction calculate_score failed: %s", e)
             return 0.0
+        if not math.isfinite(value):
+            self.error = self.error or f"calculate_score returned a non-finite score ({value})"
+            return 0.0
+        return value
 
     async def __aexit__(self, *exc: Any) -> None:
         if self.instance_id is not None:

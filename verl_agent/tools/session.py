@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -68,7 +69,10 @@ def _normalise(out: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
         if text is None and resp is not None:
             raise TypeError(f"execute returned {type(resp).__name__}; expected (ToolResponse, reward, metrics)")
         resp = ToolResponse(text=text or "", image=getattr(resp, "image", None))
-    return resp, float(reward or 0.0), dict(metrics or {})
+    value = float(reward or 0.0)
+    if not math.isfinite(value):  # one NaN would poison its whole group's advantages
+        raise ValueError(f"execute returned a non-finite reward ({value})")
+    return resp, value, dict(metrics or {})
 
 
 class ToolSession:
@@ -184,18 +188,24 @@ class ToolSession:
     async def calc_reward(self) -> float:
         """Sum of `calc_reward` over the created tools (calc_reward_kwargs applied).
 
-        A tool whose calc_reward raises makes this raise `RuntimeError` naming it: a reward that
-        failed to compute is an infrastructure failure, never a silent 0.0.
+        A tool that was never created (its `create` failed), or whose calc_reward raises or returns
+        a non-finite value, makes this raise `RuntimeError` naming it: a reward that could not be
+        computed is an infrastructure failure, never a silent 0.0.
         """
+        for name, error in self.create_errors.items():
+            raise RuntimeError(f'tool "{name}": no reward: its create failed ({error})')
         total = 0.0
         for name, iid in self.instance_ids.items():
             try:
                 coro = self.tools[name].calc_reward(iid, **self._kw(name, "calc_reward_kwargs"))
-                total += float(await asyncio.wait_for(coro, self.timeout) or 0.0)
+                value = float(await asyncio.wait_for(coro, self.timeout) or 0.0)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 raise RuntimeError(f'tool "{name}": calc_reward failed: {type(e).__name__}: {e}') from e
+            if not math.isfinite(value):
+                raise RuntimeError(f'tool "{name}": calc_reward returned a non-finite value ({value})')
+            total += value
         return total
 
     def metrics(self) -> dict[str, float]:
