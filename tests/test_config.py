@@ -68,6 +68,25 @@ def test_yaml_file_plus_overrides_and_interpolation(tmp_path):
     assert load_config(out).model_dump() == cfg.model_dump()
 
 
+def test_interpolation_like_verl_yaml(tmp_path):
+    """References resolve before validation: a whole-value reference keeps its type (verl's
+    `prompt_length: ${data.max_prompt_length}`), lists resolve, defaults and chains of references resolve,
+    a single file is not listed twice, and a cycle or a missing key is named."""
+    f = tmp_path / "run.yaml"
+    f.write_text("data:\n  val_files: ['/v/${trainer.project_name}.jsonl']\n"
+                 "actor_rollout_ref:\n  rollout:\n    prompt_length: ${data.max_prompt_length}\n")
+    cfg = load_config(f, ["data.train_file=/d/${trainer.project_name}/t.jsonl", "data.max_prompt_length=300",
+                          "trainer.experiment_name=e_${data.train_batch_size}"])
+    assert cfg.actor_rollout_ref.rollout.prompt_length == 300
+    assert cfg.data.val_files == ["/v/verl_agent.jsonl"] and cfg.data.train_files == ["/d/verl_agent/t.jsonl"]
+    assert cfg.trainer.default_local_dir == "runs/verl_agent/e_8"  # the default's references, through a chain
+    with pytest.raises(ConfigError, match=r"refers to itself: trainer.experiment_name -> trainer.project_name"):
+        load_config(None, ["trainer.project_name=${trainer.experiment_name}",
+                           "trainer.experiment_name=${trainer.project_name}"])
+    with pytest.raises(ConfigError, match=r"interpolation \$\{data.nope\} names no key"):
+        load_config(None, ["trainer.project_name=${data.nope}"])
+
+
 def test_unknown_key_names_closest_valid_key():
     with pytest.raises(ConfigError, match=r"unknown key 'data.train_bach_size'.*did you mean 'data.train_batch_size'"):
         load_config(None, ["data.train_bach_size=3"])

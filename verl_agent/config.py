@@ -532,26 +532,45 @@ def _format_errors(err: ValidationError, tree: dict) -> str:
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
-def _interpolate(tree: dict, root: dict) -> dict:
-    """Resolve '${a.b}' references in string values (only whole dotted keys, like OmegaConf)."""
+_REF = re.compile(r"\$\{([\w.]+)\}")
 
-    def lookup(m: re.Match) -> str:
+
+def _with_defaults(tree: Any, defaults: Any) -> Any:
+    if not (isinstance(tree, dict) and isinstance(defaults, dict)):
+        return tree
+    return {**defaults, **{k: _with_defaults(v, defaults.get(k)) for k, v in tree.items()}}
+
+
+def _interpolate(root: dict) -> dict:
+    """Resolve '${a.b}' references (whole dotted keys, like OmegaConf) anywhere in the tree, lists too.
+
+    A value that is nothing but a reference takes the referenced value with its type (verl's YAML writes
+    `prompt_length: ${data.max_prompt_length}`); a reference inside text becomes text; a referenced
+    value's own references are resolved.
+    """
+
+    def lookup(name: str, chain: tuple[str, ...]) -> Any:
+        if name in chain:
+            raise ConfigError(f"interpolation ${{{name}}} refers to itself: {' -> '.join((*chain, name))}")
         node: Any = root
-        for part in m.group(1).split("."):
+        for part in name.split("."):
             if not isinstance(node, dict) or part not in node:
-                raise ConfigError(f"interpolation ${{{m.group(1)}}} names no key")
+                raise ConfigError(f"interpolation ${{{name}}} names no key")
             node = node[part]
-        return str(node)
+        return resolve(node, (*chain, name))
 
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out[k] = _interpolate(v, root)
-        elif isinstance(v, str):
-            out[k] = re.sub(r"\$\{([\w.]+)\}", lookup, v)
-        else:
-            out[k] = v
-    return out
+    def resolve(value: Any, chain: tuple[str, ...] = ()) -> Any:
+        if isinstance(value, dict):
+            return {k: resolve(v, chain) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v, chain) for v in value]
+        if not isinstance(value, str) or "${" not in value:
+            return value
+        if whole := _REF.fullmatch(value):
+            return lookup(whole.group(1), chain)
+        return _REF.sub(lambda m: str(lookup(m.group(1), chain)), value)
+
+    return resolve(root)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -570,12 +589,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for item in overrides:
         keys, value = parse_override(item)
         _set(tree, keys, value, f"override {item!r}")
+    tree = _interpolate(_with_defaults(tree, RunConfig().model_dump()))  # defaults can be referenced
     try:
-        cfg = RunConfig.model_validate(tree)
+        return RunConfig.model_validate(tree)
     except ValidationError as e:
         raise ConfigError(_format_errors(e, tree)) from None
-    resolved = _interpolate(cfg.model_dump(), cfg.model_dump())
-    return RunConfig.model_validate(resolved)
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> Path:
