@@ -147,12 +147,34 @@ def test_all_keys_lists_nested_verl_keys():
     ("trainer.logger=[console,wandb]", "trainer.logger", "supported loggers"),
     ("trainer.max_staleness=3", "trainer.max_staleness", "only trainer.mode=async uses it"),
     ("trainer.partial_rollout=false", "trainer.partial_rollout", "only trainer.mode=async uses it"),
+    ("trainer.resume_from_path=/r/global_step_3", "trainer.resume_from_path", "resume_mode=resume_path uses it"),
+    ("trainer.device=cuda", "trainer.device", "set trainer.n_gpus_per_node"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=3", "ppo_mini_batch_size", "must divide data.train_batch_size (8)"),
 ])
 def test_unimplemented_values_are_refused_naming_the_key(override, key, hint):
     """Every key works or is refused: a non-default value of an unimplemented key is a load-time error."""
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
     assert key in str(e.value) and hint in str(e.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.val_batch_size=-4"], "data.val_batch_size=-4: Input should be greater than or equal to 1"),
+    (["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=0"], "max_assistant_turns=0: Input should be greater"),
+    (["trainer.total_training_steps=-3"], "trainer.total_training_steps=-3: Input should be greater"),
+    (["actor_rollout_ref.rollout.multi_turn.format=hermse"], "format='hermse': Value error, unknown tool-call format"),
+    (["trainer.mode=async", "actor_rollout_ref.actor.old_log_prob_source=rollout"], "the rollout correction"),
+])
+def test_values_that_cannot_work_are_refused(overrides, message):
+    """Values that used to load and then misbehave quietly (an empty validation, a turn cap of 1, a parser
+    error inside a worker, the engine's log-probs weighed against themselves) fail at load, naming the key."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert message in str(e.value)
+    # what stays allowed: a mini-batch at least the whole batch (one step), rollout log-probs in sync, aliases
+    cfg = load_config(None, ["data.train_batch_size=3", "actor_rollout_ref.actor.old_log_prob_source=rollout",
+                             "actor_rollout_ref.rollout.multi_turn.format=qwen"])
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 8 and cfg.data.train_batch_size == 3
 
 
 def test_implemented_verl_values_load():

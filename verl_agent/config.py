@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "save_config", "all_keys"]
 
@@ -38,7 +38,7 @@ class DataConfig(Section):
     train_file: str | None = Field(None, description="single training file (quick-start spelling of train_files)")
     val_file: str | None = Field(None, description="single validation file (quick-start spelling of val_files)")
     train_batch_size: int = Field(8, ge=1, description="prompts per training step")
-    val_batch_size: int | None = Field(None, description="prompts per validation batch (None: whole set)")
+    val_batch_size: int | None = Field(None, ge=1, description="prompts per validation batch (None: whole set)")
     max_prompt_length: int = Field(512, ge=1, description="prompt token budget (tool schemas included); "
                                    "longer prompts: see filter_overlong_prompts and truncation")
     max_response_length: int = Field(256, ge=1, description="response token budget over all turns")
@@ -108,7 +108,8 @@ class FSDPConfig(Section):
 
 class ActorConfig(Section):
     strategy: Literal["fsdp2", "fsdp"] = "fsdp2"
-    ppo_mini_batch_size: int = Field(8, ge=1, description="prompts per optimizer step (x rollout.n trajectories)")
+    ppo_mini_batch_size: int = Field(8, ge=1, description="prompts per optimizer step (x rollout.n trajectories); "
+                                     "must divide data.train_batch_size; at least that: one step over the batch")
     ppo_micro_batch_size_per_gpu: int = Field(4, ge=1)
     ppo_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = True
@@ -145,14 +146,23 @@ class RefConfig(Section):
 # ---------------------------------------------------------------- rollout
 class MultiTurnConfig(Section):
     enable: bool = True
-    max_assistant_turns: int | None = Field(4, description="None: until the response budget")
-    max_user_turns: int | None = Field(4, description="interaction replies allowed; None: unlimited")
+    max_assistant_turns: int | None = Field(4, ge=1, description="None: until the response budget")
+    max_user_turns: int | None = Field(4, ge=0, description="interaction replies allowed; None: unlimited")
     max_parallel_calls: int = Field(1, ge=1, description="tool calls run per turn; extra calls get an error")
     max_tool_response_length: int = Field(256, ge=1, description="characters kept of one tool response")
     tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
     tool_config_path: str | None = None
     interaction_config_path: str | None = None
     format: str | None = Field(None, description="tool-call format: hermes | llama3_json | mistral; None: detect")
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str | None) -> str | None:
+        from verl_agent.parsers import FORMATS, parser_key
+
+        if value is not None and parser_key(value) not in FORMATS:
+            raise ValueError(f"unknown tool-call format; choose one of {list(FORMATS)} or null (detect)")
+        return value
     tool_timeout: float = Field(30.0, gt=0, description="seconds one tool call may take")
 
 
@@ -311,8 +321,8 @@ class AlgorithmConfig(Section):
 class TrainerConfig(Section):
     project_name: str = "verl_agent"
     experiment_name: str = "run"
-    total_epochs: int = 1
-    total_training_steps: int | None = Field(None, description="overrides total_epochs when set")
+    total_epochs: int = Field(1, ge=1)
+    total_training_steps: int | None = Field(None, ge=1, description="overrides total_epochs when set")
     logger: list[str] = Field(default_factory=lambda: ["console", "tensorboard"], description="console|tensorboard")
     default_local_dir: str = Field("runs/${trainer.project_name}/${trainer.experiment_name}")
     save_freq: int = Field(-1, description="checkpoint every N steps; -1: only at the end")
@@ -408,6 +418,18 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
             out.append((key, value, hint))
 
     t = c.trainer
+    refuse(t.resume_from_path is not None and t.resume_mode != "resume_path", "trainer.resume_from_path",
+           t.resume_from_path, f"only trainer.resume_mode=resume_path uses it (resume_mode is {t.resume_mode})")
+    refuse(t.device == "cuda" and t.n_gpus_per_node == 0, "trainer.device", "cuda",
+           "set trainer.n_gpus_per_node (0 means CPU workers)")
+    mini = arr.actor.ppo_mini_batch_size
+    refuse(mini < d.train_batch_size and d.train_batch_size % mini != 0, "actor_rollout_ref.actor.ppo_mini_batch_size",
+           mini, f"must divide data.train_batch_size ({d.train_batch_size}) into whole mini-batches")
+    is_level = a.rollout_correction.rollout_is
+    refuse(arr.actor.old_log_prob_source == "rollout" and is_level != "none" and (is_level != "auto" or t.mode != "sync"),
+           "actor_rollout_ref.actor.old_log_prob_source", "rollout",
+           f"the rollout correction (algorithm.rollout_correction.rollout_is={is_level}, mode {t.mode}) weighs the "
+           "engine's log-probs against the actor's: use auto or actor, or set rollout_is=none")
     refuse(t.mode != "async" and t.max_staleness != 1, "trainer.max_staleness", t.max_staleness,
            f"only trainer.mode=async uses it (sync is 0 and one_step_off 1 by construction; mode is {t.mode})")
     refuse(t.mode != "async" and not t.partial_rollout, "trainer.partial_rollout", False,

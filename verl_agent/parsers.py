@@ -221,11 +221,16 @@ def detect_format(tokenizer: Any) -> str:
     return "hermes"
 
 
+def parser_key(format: str) -> str:
+    """The parser a format name selects (aliases such as 'qwen' resolved)."""
+    return _ALIASES.get(format, format)
+
+
 def get_parser(format: str | None = None, tokenizer: Any = None) -> ToolCallParser:
     """Parser for `format` ('hermes' | 'llama3_json' | 'mistral'; None = detect from `tokenizer`)."""
     if format is None:
         format = detect_format(tokenizer)
-    key = _ALIASES.get(format, format)
+    key = parser_key(format)
     if key not in _PARSERS:
         raise ValueError(f"unknown tool-call format {format!r}; choose one of {sorted(FORMATS)} (or None to detect)")
     return _PARSERS[key]()
