@@ -44,6 +44,15 @@ def test_config_error_exits_2_with_hint(capsys):
     assert "did you mean 'data.train_batch_size'" in capsys.readouterr().err
 
 
+def test_tool_config_error_exits_2_without_traceback(capsys, monkeypatch, tiny_model_path):
+    """A tool file that does not exist is a user error (exit 2, one line naming the file), not a crash."""
+    monkeypatch.chdir(ROOT)
+    assert main(["rollout", "examples/calculator/config.yaml", "data.val_batch_size=2",
+                 "actor_rollout_ref.rollout.multi_turn.tool_config_path=/nope/tools.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "verl-agent: error: /nope/tools.yaml: cannot read" in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_verl_quickstart_command_line_trains(tmp_path, tiny_model_path):
     """The quick-start command from the verl articles, run from examples/quickstart, 2 real GRPO steps.

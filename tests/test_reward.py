@@ -43,6 +43,29 @@ def test_verl_signature_without_extra_info(tmp_path):
     assert load_reward_fn(f"{p}:f")(**CALL).score == 2.0
 
 
+def test_verl_scorer_gets_the_arguments_it_names_and_may_be_async(tmp_path):
+    """verl's own gsm8k.compute_score(solution_str, ground_truth, method=..., ...) is called with what it
+    names (not data_source=); an async scorer is awaited; a required parameter no scorer gets is refused."""
+    p = write(tmp_path, """
+        import asyncio
+
+        def gsm8k_like(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0):
+            return score if solution_str.rstrip(".").endswith(ground_truth) else format_score
+
+        async def judged(data_source, solution_str, ground_truth, **kwargs):
+            await asyncio.sleep(0)
+            return {"score": 0.25, "n_kwargs": len(kwargs)}
+
+        def needs_judge(solution_str, ground_truth, judge_url):
+            return 1.0
+    """)
+    assert load_reward_fn(f"{p}:gsm8k_like")(**CALL).score == 1.0
+    res = load_reward_fn(f"{p}:judged")(**CALL)
+    assert res.score == 0.25 and res.info == {"n_kwargs": 1.0} and res.error is None  # extra_info via **kwargs
+    with pytest.raises(RewardError, match=r"requires \['judge_url'\].*give them defaults"):
+        load_reward_fn(f"{p}:needs_judge")
+
+
 @pytest.mark.parametrize(
     "body,match",
     [

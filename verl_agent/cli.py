@@ -154,11 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from verl_agent.config import ConfigError
     from verl_agent.data import DataError
+    from verl_agent.interactions.errors import InteractionConfigError
     from verl_agent.reward import RewardError
+    from verl_agent.tools.errors import ToolConfigError
 
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, DataError, RewardError) as e:
+    except (ConfigError, DataError, RewardError, ToolConfigError, InteractionConfigError) as e:
         print(f"verl-agent: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -18,6 +18,7 @@ score 0.0 and `RewardResult.error` says what went wrong (the trainer counts and 
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import inspect
@@ -74,6 +75,13 @@ def _import_callable(spec: str) -> Callable[..., Any]:
     return fn
 
 
+_VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
 class RewardFunction:
     """A loaded scorer with one calling convention: keyword arguments in, `RewardResult` out."""
 
@@ -82,28 +90,35 @@ class RewardFunction:
         params = inspect.signature(fn).parameters
         names = list(params)
         accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        required = [n for n, p in params.items() if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
         if "solution_str" in params or "data_source" in params:
             self.style = "verl"
-        elif len([p for p in params.values() if p.default is p.empty and p.kind is not p.VAR_KEYWORD]) <= 2:
+            unknown = [n for n in required if n not in _VERL_ARGS]
+            if unknown:
+                raise RewardError(f"reward function {self.spec!r} requires {unknown}, which a scorer is not given "
+                                  f"(it gets {list(_VERL_ARGS)} by name): give them defaults")
+            self._args = set(_VERL_ARGS) if accepts_kwargs else set(_VERL_ARGS) & set(params)  # e.g. no extra_info
+        elif len(required) <= 2:
             self.style = "seed"
         else:
             raise RewardError(
                 f"reward function {self.spec!r} has parameters {names}; expected (generated_text, ground_truth) "
                 "or (data_source, solution_str, ground_truth, extra_info=None)"
             )
-        self._pass_extra = "extra_info" in params or accepts_kwargs
 
     def __call__(
         self, *, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
     ) -> RewardResult:
+        """Score one answer. Runs in a worker thread (no event loop there), so an async scorer is awaited here."""
         try:
             if self.style == "seed":
                 raw = self.fn(solution_str, ground_truth)
-            elif self._pass_extra:
-                raw = self.fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-                              extra_info=extra_info or {})
             else:
-                raw = self.fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth)
+                given = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth,
+                         "extra_info": extra_info or {}}
+                raw = self.fn(**{k: v for k, v in given.items() if k in self._args})
+            if inspect.isawaitable(raw):
+                raw = asyncio.run(_awaited(raw))
         except Exception as e:  # a user's scorer must not kill the run; the error is reported per sample
             return RewardResult(0.0, error=f"{self.spec} raised {type(e).__name__}: {e}")
         return self._normalise(raw)

@@ -143,14 +143,16 @@ async def test_async_function_and_return_conversions():
             "dict": {"a": [1, "é"]},
             "none": None,
             "resp": ToolResponse(text="r"),
-            "tuple": ("t", 0.5, {"m": 1.0}),
+            "point": (48.85, 2.35, 35),  # a value that happens to have three parts: an answer, no reward
+            "tuple": ("t", 0.5, {"m": 1.0}),  # verl's (response, reward, metrics)
         }[kind]
 
-    expect = {"str": "s", "int": "3", "float": "4", "dict": '{"a": [1, "é"]}', "none": "", "resp": "r", "tuple": "t"}
+    expect = {"str": "s", "int": "3", "float": "4", "dict": '{"a": [1, "é"]}', "none": "", "resp": "r",
+              "point": "[48.85, 2.35, 35]", "tuple": "t"}
     for kind, text in expect.items():
         resp, reward, metrics = await multi.execute("i", {"kind": kind})
         assert resp.text == text, kind
-    assert (reward, metrics) == (0.5, {"m": 1.0})
+        assert (reward, metrics) == ((0.5, {"m": 1.0}) if kind == "tuple" else (0.0, {})), kind
 
 
 async def test_hidden_parameters_come_from_instance_and_execute_kwargs():

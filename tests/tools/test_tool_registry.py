@@ -122,6 +122,26 @@ def test_load_errors_name_file_and_entry(tmp_path, body, fragment):
     assert fragment in str(e.value)
 
 
+def test_a_tool_file_that_raises_is_named_every_time_and_a_refusing_constructor_too(tmp_path):
+    """A file.py whose code raises gives the same error on every load (not a stale half-run module's
+    'no attribute'); a tool constructor that refuses its config is wrapped naming the file and entry."""
+    (tmp_path / "broken.py").write_text("import os\nKEY = os.environ['VERL_AGENT_NO_SUCH_VAR']\n")
+    p = write(tmp_path, "tools:\n  - class_name: broken.py:Tool\n")
+    for _ in range(2):
+        with pytest.raises(ToolConfigError, match=r"tools\[0\] \(broken.py:Tool\): cannot import .*running .*broken.py "
+                           r"failed: KeyError: 'VERL_AGENT_NO_SUCH_VAR'"):
+            load_tools(p)
+    (tmp_path / "picky.py").write_text(
+        "from verl_agent.tools import CalculatorTool\n"
+        "class Picky(CalculatorTool):\n"
+        "    def __init__(self, config, tool_schema=None):\n"
+        "        raise ValueError('config.url is required')\n")
+    p = write(tmp_path, "tools:\n  - class_name: picky.py:Picky\n")
+    with pytest.raises(ToolConfigError, match=r"tools\[0\] \(picky.py:Picky\): creating the tool failed: "
+                       r"ValueError: config.url is required"):
+        load_tools(p)
+
+
 def test_missing_file_and_empty_inputs(tmp_path):
     with pytest.raises(ToolConfigError, match="cannot read"):
         load_tools(tmp_path / "nope.yaml")

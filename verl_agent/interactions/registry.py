@@ -76,8 +76,8 @@ def _build_one(entry: Any, where: str, base_dir: Path | None) -> Any:
         inter = _instantiate(obj, {**config, "name": name}, where)
     except InteractionConfigError:
         raise
-    except (TypeError, ValueError) as e:
-        raise InteractionConfigError(f"{where}: cannot build the interaction: {e}") from e
+    except Exception as e:  # the interaction's own constructor refused its config
+        raise InteractionConfigError(f"{where}: cannot build the interaction: {type(e).__name__}: {e}") from e
     inter.name = name
     return inter
 

@@ -117,10 +117,14 @@ def _jsonable_default(v: Any, where: str, pname: str) -> Any:
 
 
 def _to_response(result: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
-    """A function may return a str, a ToolResponse, any JSON-able value, or (response, reward, metrics)."""
-    if isinstance(result, tuple) and len(result) == 3:
+    """A function may return a str, a ToolResponse, any JSON-able value, or verl's (response, reward, metrics):
+    a 3-tuple counts as that only with a str/ToolResponse, a number or None and a dict or None, so a tuple
+    of values (a coordinate, a row) is an answer, not a reward."""
+    if isinstance(result, tuple) and len(result) == 3 and _is_verl_triple(*result):
         resp, reward, metrics = result
         return _to_response(resp)[0], float(reward or 0.0), dict(metrics or {})
+    if isinstance(result, tuple):
+        result = list(result)
     if isinstance(result, ToolResponse):
         return result, 0.0, {}
     if isinstance(result, str):
@@ -130,6 +134,11 @@ def _to_response(result: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
     if isinstance(result, (dict, list)):
         return ToolResponse(text=json.dumps(result, ensure_ascii=False)), 0.0, {}
     return ToolResponse(text="" if result is None else str(result)), 0.0, {}
+
+
+def _is_verl_triple(resp: Any, reward: Any, metrics: Any) -> bool:
+    number = reward is None or (isinstance(reward, (int, float)) and not isinstance(reward, bool))
+    return isinstance(resp, (str, ToolResponse)) and number and (metrics is None or isinstance(metrics, dict))
 
 
 def _object_converters(fn: Callable[..., Any]) -> dict[str, Callable[[dict], Any]]:

@@ -45,7 +45,8 @@ _ENTRY_KEYS = {"class_name", "config", "tool_schema"}
 
 
 def import_object(path: str, base_dir: Path | None = None) -> Any:
-    """Import "pkg.module.Name" or "file.py:Name" (relative to `base_dir`); raises ImportError/AttributeError."""
+    """Import "pkg.module.Name" or "file.py:Name" (relative to `base_dir`); raises ImportError/AttributeError
+    (an exception while the file or module runs becomes an ImportError naming it)."""
     if ":" in path and path.split(":", 1)[0].endswith(".py"):
         file, name = path.rsplit(":", 1)
         fpath = Path(file) if Path(file).is_absolute() or base_dir is None else base_dir / file
@@ -58,12 +59,22 @@ def import_object(path: str, base_dir: Path | None = None) -> Any:
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             sys.modules[mod_name] = module
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except BaseException as e:
+                del sys.modules[mod_name]  # a half-run module must not answer the next load
+                raise ImportError(f"running {fpath} failed: {type(e).__name__}: {e}") from e
         return getattr(module, name)
     module_name, _, name = path.replace(":", ".").rpartition(".")
     if not module_name:
         raise ImportError(f"{path!r} is not a dotted path like 'package.module.Name'")
-    return getattr(importlib.import_module(module_name), name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        raise
+    except Exception as e:
+        raise ImportError(f"importing {module_name} failed: {type(e).__name__}: {e}") from e
+    return getattr(module, name)
 
 
 def _build_one(entry: Any, where: str, base_dir: Path | None) -> BaseTool:
@@ -99,6 +110,8 @@ def _build_one(entry: Any, where: str, base_dir: Path | None) -> BaseTool:
         raise ToolConfigError(f"{where}: invalid tool_schema:\n{e}") from e
     except ToolConfigError as e:
         raise ToolConfigError(f"{where}: {e}") from e
+    except Exception as e:  # the tool's own constructor refused its config
+        raise ToolConfigError(f"{where}: creating the tool failed: {type(e).__name__}: {e}") from e
 
 
 def _instantiate(obj: Any, config: dict, schema: OpenAIFunctionToolSchema | None, where: str) -> BaseTool:
