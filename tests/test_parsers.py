@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from verl_agent.parsers import FORMATS, detect_format, get_parser
@@ -37,6 +39,18 @@ def test_hermes_several_calls_content_and_trailing_text() -> None:
     assert [c.arguments for c in r.tool_calls] == [{"q": "a"}, {"q": "b", "opts": {"k": [1, 2], "deep": True}}]
     assert r.content == "Let me look both up.\nI'll wait."
     assert r.errors == []
+
+
+def test_hermes_end_tag_inside_an_argument_and_two_objects_in_one_block() -> None:
+    """The JSON decides where a call ends: '</tool_call>' inside a string argument is text, not the end tag;
+    a block holding two objects is two calls."""
+    code = 'print("</tool_call>")'
+    call = json.dumps({"name": "python", "arguments": {"code": code}})
+    text = (f'<tool_call>{call}</tool_call> after '
+            '<tool_call>{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {"x": 1}}</tool_call>')
+    r = get_parser("hermes").parse(text)
+    assert r.tool_calls == [ToolCall("python", {"code": code}), ToolCall("a", {}), ToolCall("b", {"x": 1})]
+    assert r.content == "after" and r.errors == []
 
 
 def test_hermes_arguments_as_json_string_and_parameters_key() -> None:
@@ -125,6 +139,12 @@ def test_mistral_args_form_and_bad_json() -> None:
 
 
 # ---- selection -------------------------------------------------------------------------------
+
+def test_mistral_call_id_form() -> None:
+    """v13+ templates put the call id between the name and the arguments: name[CALL_ID]id[ARGS]{...}."""
+    r = get_parser("mistral").parse('[TOOL_CALLS]search[CALL_ID]abc123456[ARGS]{"q": "x"}')
+    assert r.tool_calls == [ToolCall("search", {"q": "x"}, id="abc123456")] and r.errors == []
+
 
 def test_detect_and_get_parser() -> None:
     assert detect_format(_Vocab("<tool_call>", "<|im_end|>")) == "hermes"

@@ -89,32 +89,44 @@ def _add(result: ParseResult, call: ToolCall | str) -> None:
 
 
 class HermesParser:
-    """``<tool_call>{json}</tool_call>`` blocks (Hermes / Qwen2.5 / Qwen3)."""
+    """``<tool_call>{json}</tool_call>`` blocks (Hermes / Qwen2.5 / Qwen3).
+
+    A block's JSON is decoded first and its end tag looked for after it, so a ``</tool_call>`` inside a
+    string argument (code, a regex) does not cut the call short; a block may hold several objects."""
 
     name = "hermes"
-    _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+    _open, _close = "<tool_call>", "</tool_call>"
 
     def parse(self, text: str) -> ParseResult:
         text = _strip_markers(text)
         result = ParseResult(content="")
         pieces: list[str] = []
-        pos = 0
-        for i, m in enumerate(self._block.finditer(text)):
-            pieces.append(text[pos : m.start()])
-            pos = m.end()
-            body = m.group(1).strip()
-            try:
-                obj = json.loads(body)
-            except json.JSONDecodeError as e:
-                result.errors.append(f"tool_call {i}: invalid JSON ({e.msg} at char {e.pos}): {_quote(body)}")
+        pos, i = 0, 0
+        while (start := text.find(self._open, pos)) >= 0:
+            pieces.append(text[pos:start])
+            body_at = start + len(self._open)
+            objs, rest = _decode_objects(text[body_at:])
+            if objs and rest.startswith(self._close):  # rest: what follows the objects, separators skipped
+                pos = len(text) - len(rest) + len(self._close)
+                for obj, raw in objs:
+                    _add(result, _call_from_obj(obj, raw, f"tool_call {i}", ("arguments", "parameters")))
+                    i += 1
                 continue
-            _add(result, _call_from_obj(obj, body, f"tool_call {i}", ("arguments", "parameters")))
-        tail = text[pos:]
-        start = tail.find("<tool_call>")
-        if start >= 0:  # opened but never closed: usually cut off by the length limit
-            result.errors.append(f"unclosed <tool_call> (no </tool_call>): {_quote(tail[start:])}")
-            tail = tail[:start]
-        pieces.append(tail)
+            end = text.find(self._close, body_at)
+            if end < 0:  # opened but never closed: usually cut off by the length limit
+                result.errors.append(f"unclosed <tool_call> (no </tool_call>): {_quote(text[start:])}")
+                pos = len(text)
+                break
+            body = text[body_at:end].strip()
+            try:
+                json.loads(body)
+                message = "not a JSON object followed by </tool_call>"
+            except json.JSONDecodeError as e:
+                message = f"invalid JSON ({e.msg} at char {e.pos})"
+            result.errors.append(f"tool_call {i}: {message}: {_quote(body)}")
+            i += 1
+            pos = end + len(self._close)
+        pieces.append(text[pos:])
         result.content = "\n".join(p.strip() for p in pieces if p.strip())
         return result
 
@@ -197,11 +209,13 @@ class MistralParser:
     def _parse_args_form(self, body: str, result: ParseResult) -> None:
         k = len(result.tool_calls) + len(result.errors)
         name, _, args_text = body.partition("[ARGS]")
+        name, _, call_id = name.partition("[CALL_ID]")  # v13+: name[CALL_ID]id[ARGS]{...}
         objs, rest = _decode_objects(args_text)
         if len(objs) != 1 or rest.strip():
             result.errors.append(f"tool call {k}: invalid or partial JSON arguments for {name.strip()!r}: {_quote(body)}")
             return
-        _add(result, _call_from_obj({"name": name.strip(), "arguments": objs[0][0]}, body, f"tool call {k}", ("arguments",)))
+        obj = {"name": name.strip(), "arguments": objs[0][0], "id": call_id.strip()}
+        _add(result, _call_from_obj(obj, body, f"tool call {k}", ("arguments",)))
 
 
 _PARSERS: dict[str, type] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser}
