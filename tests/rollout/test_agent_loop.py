@@ -181,6 +181,26 @@ async def test_interaction_turns_and_reward(chat_tokenizer, rollout_cfg):
     assert GuessInteraction.finalized == 2
 
 
+async def test_a_turn_limit_still_shows_the_final_reply_to_the_interaction(chat_tokenizer, rollout_cfg):
+    """When max_assistant_turns or max_user_turns ends the episode, the interaction still sees the final reply:
+    the reward and that turn's score are of the correct final answer (1.0, not the previous reply's 0.0). Its
+    follow-up message is dropped: same stop reason, messages and tokens as without the call."""
+    tok = chat_tokenizer
+    engine = scripted_engine(tok, ["It is 400.", "It is 444."])
+    s = sample(interaction_kwargs={"name": "guess"})
+    for turns, user_turns, stop in ((2, None, "max_assistant_turns"), (None, 1, "max_user_turns")):
+        rollout_cfg.multi_turn.max_assistant_turns, rollout_cfg.multi_turn.max_user_turns = turns, user_turns
+        inter = {"guess": GuessInteraction({"name": "guess"})}
+        traj = (await loop(tok, engine, rollout_cfg, interactions=inter).run([s], 1, SP)).trajectories[0]
+        assert (traj.stop_reason, traj.reward, traj.outcome) == (stop, 1.0, "ok")
+        assert [t.score for t in traj.turns] == [0.0, 1.0]
+        assert [m.role for m in traj.messages] == ["user", "assistant", "user", "assistant"]
+        assert traj.turns[-1].obs_end == traj.turns[-1].gen_end == len(traj.response_ids)  # no follow-up appended
+        assert traj.metrics["num_user_turns"] == 1.0
+        assert_token_exact(tok, traj, None)
+        assert_mask(traj, tok.convert_tokens_to_ids("<|im_end|>"))
+
+
 async def test_each_turn_of_a_seeded_trajectory_draws_its_own_noise(chat_tokenizer, rollout_cfg):
     """A seeded trajectory's turns get distinct seeds (turn 0 keeps the trajectory's). One seed replayed every
     turn replays the same random numbers: on a quiz tried for examples/turn_credit (six keys, each answered with a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -172,6 +173,30 @@ async def test_update_weights_sleep_wake_close(small_model, scheduler):
     await engine.close()
     with pytest.raises(EngineClosedError):
         await engine.generate(PROMPTS[1], sp)
+
+
+async def test_close_during_a_batch_aborts_its_requests():
+    """"batch" scheduler: close() while a batch is inside the model returns "abort" (no tokens) to each of its
+    generate() calls at once, as it does for queued requests; before, they waited forever. The real forward
+    is held at its first layer until close() has returned, so the batch is certainly running."""
+    model = random_qwen2()
+    inside, go_on = threading.Event(), threading.Event()
+
+    def hold(*_):
+        inside.set()
+        go_on.wait(10)
+
+    hook = model.model.layers[0].register_forward_pre_hook(hold)
+    engine = HFEngine(model, stop_on_eos=False, scheduler="batch")
+    calls = [asyncio.ensure_future(engine.generate(p, SamplingParams(max_new_tokens=5))) for p in PROMPTS[:2]]
+    try:
+        assert await asyncio.to_thread(inside.wait, 10)
+        await engine.close()
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 2)
+    finally:
+        go_on.set()
+        hook.remove()
+    assert [(o.finish_reason, o.token_ids) for o in outs] == [("abort", [])] * 2
 
 
 async def test_bad_prompts_are_clear_errors(small_model):

@@ -237,6 +237,43 @@ def test_waiting_tokens_count_only_what_a_session_must_prefill():
     loop.close()
 
 
+def test_a_released_session_whose_request_is_dropped_is_forgotten():
+    """Trajectories cancelled while their requests wait for a slot, then released: dropping those requests
+    forgets their sessions (nothing will free them), while a session whose other request still runs stays
+    marked until that one ends; drain() forgets every session too. Before, each such session stayed for good."""
+    from verl_agent.rollout.scheduler import Scheduler
+    from verl_agent.rollout.sequence import Seq
+
+    loop = asyncio.new_event_loop()
+    sched = Scheduler(n_slots=1, max_num_batched_tokens=64)
+
+    def seq(prompt, session):
+        return Seq(prompt, SamplingParams(), 4, frozenset(), loop.create_future(), loop, session=session)
+
+    busy = seq([1, 2, 3], "a")
+    sched.add(busy)
+    assert [s for s, _, _ in sched.schedule_prefill()] == [busy]  # holds the only slot
+    for session in ["t0", "t1", "t2", "a"]:
+        queued = seq([4, 5], session)
+        sched.add(queued)
+        queued.future.cancel()
+        sched.release(session)
+    assert sched._release_when_done == {"t0", "t1", "t2", "a"}
+    sched.schedule_prefill()
+    assert not sched.waiting and list(sched.running.values()) == [busy]  # the cancelled requests are dropped
+    assert sched._release_when_done == {"a"}  # its running request frees the slot when it ends
+    sched.finish(busy)
+    assert sched._release_when_done == set() and sched.table.take_free() == 0  # freed, not parked
+
+    sched = Scheduler(n_slots=1, max_num_batched_tokens=64)
+    sched.add(seq([1, 2], "b"))
+    sched.schedule_prefill()
+    sched.add(seq([3, 4], "c"))
+    sched.release("b"), sched.release("c")
+    assert len(sched.drain()) == 2 and sched._release_when_done == set()
+    loop.close()
+
+
 async def test_a_weight_update_at_a_token_boundary_continues_under_the_new_weights(small_model):
     """Partial rollout: pause(interrupt=True) ends the call between two tokens, the weights change, and
     the same call goes on: its first k tokens are the old policy's sample, the rest the new policy's."""

@@ -32,11 +32,11 @@ def tok(tiny_model_path):
     return AutoTokenizer.from_pretrained(str(tiny_model_path))
 
 
-def _loop(engine, tok, entrypoint=AGENT, **agent):
+def _loop(engine, tok, entrypoint=AGENT, reward=REWARD, **agent):
     cfg = RolloutConfig()
     for k, v in agent.items():
         setattr(cfg.agent, k, v)
-    return AgentFunctionLoop(engine, tok, cfg, entrypoint, reward_fn=load_reward_fn(REWARD),
+    return AgentFunctionLoop(engine, tok, cfg, entrypoint, reward_fn=load_reward_fn(reward),
                              max_prompt_length=256, max_response_length=96)  # fmt: skip
 
 
@@ -91,6 +91,77 @@ async def test_example_agent_trajectory_is_token_exact(tok):
         assert_mask(t, tok.convert_tokens_to_ids("<|im_end|>"))
         _assert_token_exact(tok, t, _agent_tools())
         assert t.metrics["proxy/calls"] == 2 and t.metrics["num_tool_calls"] == 1
+
+
+async def test_reward_function_gets_the_turns_and_scores_each_as_in_the_native_loop(tok):
+    """An agent that returns None leaves the reward to the reward function, called as AgentLoop calls it:
+    extra_info["assistant_turns"] holds each reply's text; a per-turn list sets each turn's score and its sum is
+    the reward; a list of the wrong length is the native loop's reward_error."""
+    seen = {}
+
+    def per_turn(data_source, solution_str, ground_truth, extra_info=None):
+        seen.update(extra_info)
+        return [1.0 if "444" in t else 0.25 for t in extra_info["assistant_turns"]]
+
+    loop = _loop(scripted_engine(tok, [CALL, "The answer is 444."]), tok, reward=per_turn)
+    [t] = (await loop.run([sample(extra_info={"k": 1})], 1, SamplingParams(seed=1))).trajectories
+    assert seen["k"] == 1 and len(seen["assistant_turns"]) == 2
+    assert "12*37" in seen["assistant_turns"][0] and seen["assistant_turns"][1] == "The answer is 444."
+    assert [turn.score for turn in t.turns] == [0.25, 1.0] and (t.reward, t.outcome) == (1.25, "ok")
+
+    loop = _loop(scripted_engine(tok, [CALL, "The answer is 444."]), tok, reward=lambda text, gt: [1.0])
+    [t] = (await loop.run([sample()], 1, SamplingParams(seed=1))).trajectories
+    assert (t.outcome, t.cause, t.reward) == ("infra_failure", "reward_error", 0.0)
+    assert t.error == "the reward function returned 1 per-turn scores for 2 assistant turns"
+
+
+async def test_a_reply_after_an_observation_is_capped_by_what_the_observation_left(tok):
+    """A call's new-token cap counts its own observation (and forced tool-call ids), as the native loop does: with
+    1 token left after them the reply gets 1 token and the trajectory ends exactly at max_response_length (stop
+    reason response_budget); with none left the call is refused (400) and ends the run, nothing recorded."""
+    long_reply = "The answer is 444. " * 10
+
+    async def two_calls(budget, **body):
+        async with _Server(tok, ["The answer is 444.", long_reply], max_prompt_length=256,
+                           max_response_length=budget) as s:  # fmt: skip
+            r1 = (await s.post(tools=TOOLS)).json()["choices"][0]["message"]
+            msgs = [*USER, {"role": "assistant", "content": r1["content"]}, {"role": "user", "content": "Try again."}]
+            return s.rec, await s.post(messages=msgs, tools=TOOLS, **body)
+
+    ends = {}  # where the second reply starts: after the observation (and the forced ids)
+    for choice in ("auto", "required"):
+        rec, r = await two_calls(400, tool_choice=choice)
+        assert r.status_code == 200 and rec.stop_reason is None
+        first, ends[choice] = rec.segments[0].traj.turns[0].gen_end, rec.segments[0].traj.turns[1].gen_start
+    assert ends["required"] > ends["auto"] > first + 1
+
+    rec, r = await two_calls(ends["auto"] + 1)
+    t = rec.segments[0].traj
+    assert r.json()["choices"][0]["finish_reason"] == "length" and rec.stop_reason == "response_budget"
+    assert (t.turns[1].gen_start, t.turns[1].gen_end) == (ends["auto"], ends["auto"] + 1)
+    assert len(t.response_ids) == ends["auto"] + 1  # == max_response_length
+
+    rec, r = await two_calls(ends["required"], tool_choice="required")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert rec.stop_reason == "response_budget" and len(rec.segments[0].traj.response_ids) == first
+
+
+async def test_a_session_goes_on_after_an_empty_reply(tok):
+    """An empty reply renders as "<|im_start|>assistant<|im_end|>", no longer what was generated; as in the native
+    loop it stands in as a space, so the next call extends the same trajectory with the native observation ids."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    async with _Server(tok, ["", "The answer is 444."]) as s:
+        r1 = (await s.post()).json()["choices"][0]["message"]
+        msgs = [*USER, {"role": "assistant", "content": r1["content"]}, {"role": "user", "content": "Try again."}]
+        r2 = await s.post(messages=msgs)
+        assert r2.status_code == 200, r2.text
+        assert r2.json()["choices"][0]["message"]["content"] == "The answer is 444."
+    [seg] = s.rec.segments
+    t, first = seg.traj, seg.traj.turns[0]
+    assert t.response_ids[first.gen_start : first.gen_end] == [eos] and len(t.turns) == 2
+    obs = tok.decode(t.response_ids[first.gen_end : first.obs_end])
+    assert obs == "\n<|im_start|>user\nTry again.<|im_end|>\n<|im_start|>assistant\n"
+    assert_mask(t, eos)
 
 
 async def test_bad_requests_get_openai_errors_and_the_session_stays_usable(tok):

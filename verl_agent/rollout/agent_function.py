@@ -10,7 +10,8 @@ or ``path/to/file.py:function``)::
 given the served model name. Point any OpenAI client at ``base_url`` with ``api_key``; every call
 is recorded token-exactly (`verl_agent.rollout.recorder`). The return value scores the run: a
 number, a dict with ``"reward"`` (its other numeric entries become ``agent/<key>`` metrics), or None
-to let the reward function (data.reward_fn) score the text of the last model reply.
+to let the reward function (data.reward_fn) score the text of the last model reply; as in the native
+loop, ``extra_info["assistant_turns"]`` holds the text of every reply and a per-turn list scores each turn.
 
 `AgentFunctionLoop` has the interface of `AgentLoop` (``policy_version``, ``reward_fn``,
 ``async run(samples, n, sampling) -> RolloutBatch``): every sample x n runs concurrently
@@ -44,6 +45,7 @@ from dataclasses import replace
 from typing import Any
 
 from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Sample, Trajectory
+from verl_agent.rollout.agent_loop import InfraFailure, score_with_reward_fn
 from verl_agent.rollout.engine import Engine, SamplingParams
 from verl_agent.rollout.openai_server import OpenAIServer
 from verl_agent.rollout.recorder import SessionRecorder
@@ -213,6 +215,8 @@ class AgentFunctionLoop:
         if rec.infra is None:
             try:
                 reward, extra = await self._score(result if agent_error is None else 0.0, rec, sample)
+            except InfraFailure as e:  # a failed reward function or a per-turn list of the wrong length
+                rec.infra = (e.cause, str(e))
             except Exception as e:  # a reward function that raises is ours to report, never reward
                 rec.infra = ("reward_error", f"{type(e).__name__}: {e}")
         if rec.infra is not None:
@@ -253,10 +257,7 @@ class AgentFunctionLoop:
             return float(result), extra
         if self.reward_fn is None:
             return 0.0, extra
-        res = await asyncio.to_thread(
-            self.reward_fn, data_source=sample.data_source, solution_str=rec.segments[-1].last_text,
-            ground_truth=sample.ground_truth, extra_info=dict(sample.extra_info),
-        )  # fmt: skip
-        if getattr(res, "error", None):
-            raise RuntimeError(res.error)
-        return float(getattr(res, "score", res)), extra
+        # as the native loop: every segment's turns, in order, are the run's assistant turns
+        segs = [s.traj for s in rec.segments]
+        return await score_with_reward_fn(self.reward_fn, self.tokenizer, sample, segs,
+                                          rec.segments[-1].last_text), extra

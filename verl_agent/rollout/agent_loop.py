@@ -29,6 +29,8 @@ tools' calc_reward. Per-turn scores (Turn.score): the interaction's score of eac
 of the tools' step rewards of each turn's calls, or a reward function's list (one score per
 assistant turn, given the turns' texts in extra_info["assistant_turns"]; the reward is its sum).
 An interaction may name the state a turn starts from (info["state_key"]; Turn.state_key).
+It sees every reply it would answer, the last one included when max_assistant_turns or
+max_user_turns ends the episode (its follow-up message is then dropped), so it scores the final reply.
 Tool `release` and interaction `finalize_interaction` always run.
 """
 
@@ -50,7 +52,7 @@ from verl_agent.rollout.observations import run_tool_calls
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AgentLoop"]
+__all__ = ["AgentLoop", "InfraFailure", "score_with_reward_fn"]
 
 
 def _accepts_session(engine: Any) -> bool:
@@ -248,6 +250,8 @@ class AgentLoop:
                          stop_token_ids=stop_ids)
             turn = await self._generate(ep, sp)
             if max_turns is not None and ep.assistant_turns >= max_turns and self._wants_more(ep):
+                if ep.interaction is not None and not self._calls_tools(ep):
+                    await self._ask_interaction(ep, turn)  # it scores the final reply; its follow-up is dropped
                 raise _Stop("max_assistant_turns")
             new = await self._observe(ep, turn)
             obs = self._encode_observation(ep, new)
@@ -309,14 +313,18 @@ class AgentLoop:
             raise _Stop("response_budget" if at_budget else "engine_length")
         return turn
 
+    @staticmethod
+    def _calls_tools(ep: _Episode) -> bool:
+        """Did the last reply call tools (or try to)? Then tools answer it, not the interaction."""
+        return bool(ep.pending and (ep.pending.tool_calls or ep.pending.errors))
+
     def _wants_more(self, ep: _Episode) -> bool:
-        parsed = ep.pending
-        return bool(parsed and (parsed.tool_calls or parsed.errors)) or ep.interaction is not None
+        return self._calls_tools(ep) or ep.interaction is not None
 
     async def _observe(self, ep: _Episode, turn: Turn) -> list[Message]:
         """The next observation: tool results, or the interaction's reply; raises _Stop when there is none."""
         parsed = ep.pending
-        if parsed is not None and (parsed.tool_calls or parsed.errors):
+        if self._calls_tools(ep):
             res = await run_tool_calls(
                 ep.session, parsed.tool_calls, parsed.errors, max_parallel_calls=self.mt.max_parallel_calls,
                 max_chars=self.mt.max_tool_response_length, truncate_side=self.mt.tool_response_truncate_side,
@@ -330,18 +338,23 @@ class AgentLoop:
             return res.messages
         if ep.interaction is None:
             raise _Stop("end_of_turn")
+        done, reply = await self._ask_interaction(ep, turn)
         if self.mt.max_user_turns is not None and ep.user_turns >= self.mt.max_user_turns:
-            raise _Stop("max_user_turns")
+            raise _Stop("max_user_turns")  # asked anyway, so that its score is of the final reply
+        if done:
+            raise _Stop("interaction_done")
+        ep.user_turns += 1
+        return [Message(role="user", content=reply)]
+
+    async def _ask_interaction(self, ep: _Episode, turn: Turn) -> tuple[bool, str]:
+        """Show the interaction the reply just generated: (done, its reply); the turn gets its score."""
         t0 = time.perf_counter()
         done, reply, score, info = await ep.interaction.respond(ep.messages)
         turn.score, turn.tool_seconds = float(score), time.perf_counter() - t0
         ep.state_key = None if info.get("state_key") is None else str(info["state_key"])
         if ep.interaction.error:
             raise InfraFailure("interaction_error", f"interaction failed: {ep.interaction.error}")
-        if done:
-            raise _Stop("interaction_done")
-        ep.user_turns += 1
-        return [Message(role="user", content=str(reply))]
+        return done, str(reply)
 
     # -- reward --------------------------------------------------------------------------------
 
@@ -359,25 +372,34 @@ class AgentLoop:
             return score
         reward_fn = self.reward_fn or default_scorer(sample.data_source)
         if reward_fn is not None:
-            turn_texts = [self.tokenizer.decode(traj.response_ids[t.gen_start : t.gen_end], skip_special_tokens=True)
-                          for t in traj.turns]  # what a per-turn reward function scores
-            res = await asyncio.to_thread(
-                reward_fn, data_source=sample.data_source, solution_str=ep.last_text,
-                ground_truth=sample.ground_truth, extra_info={**sample.extra_info, "assistant_turns": turn_texts},
-            )  # fmt: skip
-            if getattr(res, "error", None):
-                raise InfraFailure("reward_error", res.error)
-            per_turn = getattr(res, "turn_scores", None)
-            if per_turn is not None:  # a list per turn: the turns' scores, and their sum is the reward
-                if len(per_turn) != len(traj.turns):
-                    raise InfraFailure("reward_error", f"the reward function returned {len(per_turn)} per-turn "
-                                       f"scores for {len(traj.turns)} assistant turns")
-                for turn, value in zip(traj.turns, per_turn):
-                    turn.score = float(value)
-            return float(getattr(res, "score", res))
+            return await score_with_reward_fn(reward_fn, self.tokenizer, sample, [traj], ep.last_text)
         if ep.session is not None:
             try:
                 return float(await ep.session.calc_reward())
             except RuntimeError as e:
                 raise InfraFailure("reward_error", str(e)) from e
         return 0.0
+
+
+async def score_with_reward_fn(reward_fn: Any, tokenizer: Any, sample: Sample, trajs: list[Trajectory],
+                               solution_str: str) -> float:  # fmt: skip
+    """The reward from a reward function (verl's arguments) for the assistant turns of `trajs`, in order: their
+    texts go in extra_info["assistant_turns"]; a per-turn list (res.turn_scores) sets each turn's score and
+    its sum is the reward. Raises InfraFailure("reward_error") for a failed call or a list of the wrong length."""
+    turns = [(traj, t) for traj in trajs for t in traj.turns]
+    texts = [tokenizer.decode(traj.response_ids[t.gen_start : t.gen_end], skip_special_tokens=True)
+             for traj, t in turns]  # fmt: skip
+    res = await asyncio.to_thread(
+        reward_fn, data_source=sample.data_source, solution_str=solution_str,
+        ground_truth=sample.ground_truth, extra_info={**sample.extra_info, "assistant_turns": texts},
+    )  # fmt: skip
+    if getattr(res, "error", None):
+        raise InfraFailure("reward_error", res.error)
+    per_turn = getattr(res, "turn_scores", None)
+    if per_turn is not None:  # a list per turn: the turns' scores, and their sum is the reward
+        if len(per_turn) != len(turns):
+            raise InfraFailure("reward_error", f"the reward function returned {len(per_turn)} per-turn "
+                               f"scores for {len(turns)} assistant turns")
+        for (_, turn), value in zip(turns, per_turn):
+            turn.score = float(value)
+    return float(getattr(res, "score", res))

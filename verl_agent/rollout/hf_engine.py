@@ -325,6 +325,14 @@ class HFEngine:
                     await self._run(batch)
 
     async def _run(self, batch: list[_Request]) -> None:
+        try:
+            await self._decode(batch)
+        finally:  # cancelled (close() while the batch runs): its callers get "abort" rather than wait forever
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_result(GenerateOutput([], [], "abort"))
+
+    async def _decode(self, batch: list[_Request]) -> None:
         async with self._get_lock():
             t0 = time.perf_counter()
             try:

@@ -131,7 +131,7 @@ class OpenAIServer:
             try:
                 seg, obs, prompt = rec.prepare(req.messages, req.tools)
                 overrides = req.sampling if self.use_request_sampling else {}
-                sp = rec.sampling_for(seg, req.max_tokens, overrides, reserve=len(forced))
+                sp = rec.sampling_for(seg, req.max_tokens, overrides, reserve=len(forced), obs=len(obs))
             except BudgetExceeded as e:
                 if e.stop_reason == "response_budget":  # the run cannot go on; a too-long first prompt can be fixed
                     rec.stop_reason = rec.stop_reason or e.stop_reason

@@ -116,7 +116,8 @@ class SessionRecorder:
             try:
                 obs = list(seg.encoder.encode_observation(seg.history, new))
             except ChatTemplateError:  # the parsed assistant message did not render as generated
-                raw = [*seg.history[:-1], Message(role="assistant", content=seg.last_text)]
+                # an empty reply stands in as a space, as in the native loop (AgentLoop._encode_observation)
+                raw = [*seg.history[:-1], Message(role="assistant", content=seg.last_text or " ")]
                 obs = list(seg.encoder.encode_observation(raw, new))
             left = self.max_response_length - len(seg.traj.response_ids)
             if len(obs) >= left:  # as the native loop: never cut an observation, leave room for a reply
@@ -224,11 +225,12 @@ class SessionRecorder:
         return Message(role="assistant", content=parsed.content, tool_calls=calls), []
 
     def sampling_for(self, seg: Segment, max_tokens: int | None, overrides: dict[str, float],
-                     reserve: int = 0) -> SamplingParams:  # fmt: skip
+                     reserve: int = 0, obs: int = 0) -> SamplingParams:  # fmt: skip
         """The session's sampling for its next call (a seed per call, counted over the whole session: for one
-        segment exactly the native loop's per-turn seeds), capped by the budget (less `reserve` response
-        tokens that forced ids will take)."""
-        left = self.budget(seg) - (reserve if seg.traj.turns else 0)
+        segment exactly the native loop's per-turn seeds), capped by the budget less the response tokens this
+        call adds before its reply: `obs` observation ids (from `prepare`, not yet committed) and `reserve`
+        forced ids. Nothing left ends the trajectory (BudgetExceeded "response_budget"), as in the native loop."""
+        left = self.budget(seg) - obs - (reserve if seg.traj.turns else 0)
         if left <= 0:
             raise BudgetExceeded(f"data.max_response_length={self.max_response_length} is used up", "response_budget")
         cap = min(self.sampling.max_new_tokens, left, max_tokens or left)

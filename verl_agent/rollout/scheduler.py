@@ -84,11 +84,19 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.future.done():  # cancelled while waiting
                 self.waiting_tokens -= self.waiting.popleft().est_prefill
+                self._forget_release(seq.session)
                 continue
             if not self._admit(seq):
                 return
             self.waiting_tokens -= self.waiting.popleft().est_prefill
             yield seq
+
+    def _forget_release(self, session: str | None) -> None:
+        """A dropped request's session has nothing left to wait for unless another request of it is in flight."""
+        if session not in self._release_when_done or session in self.table.busy_sessions:
+            return
+        if not any(s.session == session for s in self.waiting):
+            self._release_when_done.discard(session)
 
     def _admit(self, seq: Seq) -> bool:
         if seq.session is not None and seq.session in self.table.busy_sessions:
@@ -156,4 +164,5 @@ class Scheduler:
         self.waiting_tokens = 0
         for seq in list(self.running.values()):
             self.finish(seq, keep_session=False)
+        self._release_when_done.clear()  # every request is gone: no session waits for one
         return seqs
