@@ -161,3 +161,22 @@ def test_detect_from_tiny_tokenizer(tiny_model_path) -> None:
     from transformers import AutoTokenizer
 
     assert get_parser(None, AutoTokenizer.from_pretrained(tiny_model_path)).name == "hermes"
+
+
+def test_tool_call_markers_that_are_special_tokens_reach_the_parser(tiny_model_path) -> None:
+    """Mistral tokenizers mark [TOOL_CALLS] / [ARGS] special: decoding with skip_special_tokens alone hides
+    every call. decode_reply keeps the parser's markers and still drops the other special tokens."""
+    from transformers import AutoTokenizer
+
+    from verl_agent.parsers import decode_reply
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]"]})
+    ids = tok.encode('Looking.[TOOL_CALLS]search[ARGS]{"q": "x"}', add_special_tokens=False) + [tok.eos_token_id]
+    assert "[TOOL_CALLS]" not in tok.decode(ids, skip_special_tokens=True)  # the defect this guards against
+    mistral = get_parser("mistral", tok)
+    text = decode_reply(tok, ids, mistral)
+    assert text == 'Looking.[TOOL_CALLS]search[ARGS]{"q": "x"}'  # eos dropped, markers kept
+    assert mistral.parse(text).tool_calls == [ToolCall("search", {"q": "x"})]
+    hermes = get_parser("hermes", tok)  # the tiny tokenizer keeps <tool_call> anyway: plain decoding
+    assert hermes.hidden_markers == {} and decode_reply(tok, ids, hermes) == tok.decode(ids, skip_special_tokens=True)

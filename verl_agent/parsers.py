@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from verl_agent.protocol import ToolCall
 
-__all__ = ["FORMATS", "ParseResult", "ToolCallParser", "detect_format", "get_parser"]
+__all__ = ["FORMATS", "ParseResult", "ToolCallParser", "decode_reply", "detect_format", "get_parser"]
 
 # End-of-turn markers a decoder may leave at the end of the text; they are not content.
 _TRAILING_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "</s>", "<|end|>")
@@ -40,6 +40,7 @@ class ParseResult:
 
 class ToolCallParser(Protocol):
     name: str
+    markers: tuple[str, ...]  # the tokens the parser must see (see decode_reply)
 
     def parse(self, text: str) -> ParseResult: ...
 
@@ -96,6 +97,7 @@ class HermesParser:
 
     name = "hermes"
     _open, _close = "<tool_call>", "</tool_call>"
+    markers = (_open, _close)
 
     def parse(self, text: str) -> ParseResult:
         text = _strip_markers(text)
@@ -153,6 +155,7 @@ class Llama3JsonParser:
     """Llama 3.x JSON tool calls: the whole message is ``{"name": ..., "parameters": {...}}`` (maybe several)."""
 
     name = "llama3_json"
+    markers = ("<|python_tag|>",)
 
     def parse(self, text: str) -> ParseResult:
         text = _strip_markers(text)
@@ -181,6 +184,7 @@ class MistralParser:
 
     name = "mistral"
     _tag = "[TOOL_CALLS]"
+    markers = (_tag, "[ARGS]", "[CALL_ID]")
 
     def parse(self, text: str) -> ParseResult:
         text = _strip_markers(text)
@@ -235,6 +239,36 @@ def detect_format(tokenizer: Any) -> str:
     return "hermes"
 
 
+def decode_reply(tokenizer: Any, ids: list[int], parser: ToolCallParser | None = None) -> str:
+    """A reply's text, special tokens skipped except the parser's markers.
+
+    Mistral tokenizers mark [TOOL_CALLS] (and [ARGS], [CALL_ID]) as special tokens: decoding with
+    skip_special_tokens alone would hide every tool call from the parser. Markers that a tokenizer keeps
+    anyway (Qwen's <tool_call> is not special) change nothing.
+    """
+    hidden: dict[int, str] = getattr(parser, "hidden_markers", {})
+    if not hidden or not hidden.keys() & set(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    out, run = [], []
+    for i in ids:
+        if i in hidden:
+            out += [tokenizer.decode(run, skip_special_tokens=True), hidden[i]]
+            run = []
+        else:
+            run.append(i)
+    return "".join([*out, tokenizer.decode(run, skip_special_tokens=True)])
+
+
+def hidden_markers(tokenizer: Any, markers: tuple[str, ...]) -> dict[int, str]:
+    """{id: marker} for the markers that are single tokens which skip_special_tokens would drop."""
+    found = {}
+    for m in markers:
+        ids = tokenizer.encode(m, add_special_tokens=False)
+        if len(ids) == 1 and not tokenizer.decode(ids, skip_special_tokens=True):
+            found[ids[0]] = m
+    return found
+
+
 def parser_key(format: str) -> str:
     """The parser a format name selects (aliases such as 'qwen' resolved)."""
     return _ALIASES.get(format, format)
@@ -247,4 +281,7 @@ def get_parser(format: str | None = None, tokenizer: Any = None) -> ToolCallPars
     key = parser_key(format)
     if key not in _PARSERS:
         raise ValueError(f"unknown tool-call format {format!r}; choose one of {sorted(FORMATS)} (or None to detect)")
-    return _PARSERS[key]()
+    parser = _PARSERS[key]()
+    if hasattr(tokenizer, "decode"):  # what decode_reply must keep for this parser (detection needs a vocab only)
+        parser.hidden_markers = hidden_markers(tokenizer, parser.markers)
+    return parser

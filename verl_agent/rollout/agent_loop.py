@@ -45,6 +45,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from verl_agent.parsers import decode_reply
 from verl_agent.protocol import SUCCESS_THRESHOLD, Message, RolloutBatch, Sample, Trajectory, Turn
 from verl_agent.reward import default_scorer
 from verl_agent.rollout.engine import Engine, SamplingParams
@@ -303,7 +304,7 @@ class AgentLoop:
         turn.gen_seconds = time.perf_counter() - t0
         traj.turns.append(turn)
         ep.assistant_turns += 1
-        ep.last_text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        ep.last_text = decode_reply(self.tokenizer, out.token_ids, self.parser)
         parsed = self.parser.parse(ep.last_text) if self.parser else None
         content = parsed.content if parsed else ep.last_text
         ep.messages.append(Message(role="assistant", content=content, tool_calls=parsed.tool_calls if parsed else []))

@@ -222,7 +222,7 @@ class OpenAIServer:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         head = chunk_head(req, f"chatcmpl-{sid}-{next(self._ids)}")
         rec = self.sessions.get(sid)
-        parser = getattr(self.parser, "name", "?") if req.tools and req.tool_choice != "none" else None
+        parser = self.parser if req.tools and req.tool_choice != "none" else None
         text = StreamText(self.tokenizer, parser, req.stop, hold_all=bool(self._forced_ids(req.tool_choice))
                           and parser is not None)  # fmt: skip
         body = [role_chunk(head)]

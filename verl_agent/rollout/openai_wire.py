@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_agent.parsers import decode_reply
 from verl_agent.protocol import ROLES, Message
 from verl_agent.rollout.recorder import Reply
 
@@ -213,8 +214,10 @@ class StreamText:
     A format whose calls have no start marker to watch for (or an unknown parser) holds everything
     back until the end. `final(content)` returns the rest once the reply is complete."""
 
-    def __init__(self, tokenizer: Any, parser_name: str | None, stop: list[str], hold_all: bool = False) -> None:
-        self.tokenizer, self.parser_name, self.stop, self.hold_all = tokenizer, parser_name, stop, hold_all
+    def __init__(self, tokenizer: Any, parser: Any, stop: list[str], hold_all: bool = False) -> None:
+        """`parser`: the tool-call parser when this reply's calls are parsed, else None."""
+        self.tokenizer, self.parser, self.stop, self.hold_all = tokenizer, parser, stop, hold_all
+        self.parser_name = getattr(parser, "name", "?") if parser is not None else None
         self.ids: list[int] = []
         self.sent = ""
 
@@ -223,7 +226,7 @@ class StreamText:
         self.ids += ids
         if self.hold_all:
             return ""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = decode_reply(self.tokenizer, self.ids, self.parser)
         end = len(text.rstrip("\ufffd"))
         for s in self.stop:
             end = min(end, _hold(text, s, end))

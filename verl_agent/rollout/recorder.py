@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verl_agent.chat import ChatEncoder, ChatTemplateError
+from verl_agent.parsers import decode_reply
 from verl_agent.protocol import Message, ToolCall, Trajectory, Turn
 from verl_agent.rollout.engine import GenerateOutput, SamplingParams
 
@@ -175,8 +176,9 @@ class SessionRecorder:
         turn = Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids))
         turn.stamp_versions(out.versions[: len(ids)] if out.versions else None, version)
         traj.turns.append(turn)
-        head = self.tokenizer.decode(forced, skip_special_tokens=True) if forced else ""
-        seg.last_text = self.tokenizer.decode(forced + ids, skip_special_tokens=True)
+        parser = self.parser if parse_tools else None  # what StreamText streamed was decoded the same way
+        head = decode_reply(self.tokenizer, forced, parser) if forced else ""
+        seg.last_text = decode_reply(self.tokenizer, forced + ids, parser)
         text = seg.last_text if cut is None else head + cut
         seg.closed = not ids or ids[-1] not in self._eos
         if finish == "length":
