@@ -90,3 +90,24 @@ def test_resumed_step_gets_its_metrics_line_back_when_the_driver_died_before_log
     _restore_metrics_line(tracker, 2, saved)  # already there: not written twice
     lines = [json.loads(ln) for ln in tracker.path.read_text().splitlines()]
     assert lines == [{"step": 1, "rollout/reward/mean": 0.5}, {"step": 2, **saved}]
+
+
+def test_resume_survives_a_metrics_line_cut_short_and_tensorboard_forgets_the_lost_steps(tmp_path):
+    """The driver died mid-append (e.g. a full disk): the half line is dropped with a warning instead of
+    failing every later resume; TensorBoard's events of the steps after the checkpoint are purged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracker = Tracker(tmp_path, ["tensorboard"])
+    for step in (1, 2, 3):
+        tracker.log(step, {"rollout/reward/mean": float(step)})
+    tracker.close()
+    with tracker.path.open("a") as f:
+        f.write('{"step": 4, "rollout/reward/mean": 4.0, "time/')  # cut short
+    resumed = Tracker(tmp_path, ["tensorboard"], append=True)
+    resumed.truncate_after(2)  # the checkpoint was step 2
+    resumed.log(3, {"rollout/reward/mean": 30.0})  # recomputed
+    resumed.close()
+    lines = [json.loads(ln) for ln in tracker.path.read_text().splitlines()]
+    assert [(ln["step"], ln["rollout/reward/mean"]) for ln in lines] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload().Scalars("rollout/reward/mean")
+    assert [(e.step, e.value) for e in events] == [(1, 1.0), (2, 2.0), (3, 30.0)]

@@ -63,11 +63,29 @@ class Tracker:
             self.path.unlink()
 
     def truncate_after(self, step: int) -> None:
-        """On resume: drop lines of steps after the checkpoint (they will be recomputed)."""
+        """On resume: drop what was logged for steps after the checkpoint (they will be recomputed).
+
+        A line cut short by a crash mid-write is dropped with a warning; the kept lines replace the file
+        atomically. TensorBoard discards its events from those steps on (purge_step)."""
+        if self.tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb.close()
+            self.tb = SummaryWriter(str(self.tb_dir), purge_step=step + 1)
         if not self.path.exists():
             return
-        keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln).get("step", 0) <= step]
-        self.path.write_text("".join(ln + "\n" for ln in keep))
+        keep = []
+        for n, line in enumerate(self.path.read_text().splitlines(), 1):
+            try:
+                record = json.loads(line) if line else None
+            except json.JSONDecodeError:
+                logger.warning("%s:%d: dropping a line cut short (a crash while writing it): %.80r", self.path, n, line)
+                continue
+            if record is not None and record.get("step", 0) <= step:
+                keep.append(line)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(ln + "\n" for ln in keep))
+        tmp.replace(self.path)
 
     def log(self, step: int, metrics: dict[str, Any], write=print) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
