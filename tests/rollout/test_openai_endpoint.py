@@ -396,3 +396,13 @@ async def test_overlapping_runs_share_one_endpoint(tok):
     for b in batches:
         assert [t.outcome for t in b.trajectories] == ["ok"] * 4, [t.error for t in b.trajectories]
     assert loop._users == 0 and loop.server._server is None
+
+
+def test_logprob_tokens_are_text_and_bytes_not_vocabulary_symbols(tok):
+    """logprobs.content[i].bytes are the token's own bytes ('Ġcaf' is b' caf'; 'Ã' '©' are the two bytes of
+    'é'), so joining them gives the reply's text back, as OpenAI's do."""
+    from verl_agent.rollout.openai_wire import token_bytes
+
+    text = " hello café ✓ <tool_call>"
+    raw = token_bytes(tok, tok.encode(text, add_special_tokens=False))
+    assert b"".join(raw).decode() == text and raw[0] == b" he"

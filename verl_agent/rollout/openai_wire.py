@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,9 +186,27 @@ def _calls(reply: Reply, stream: bool) -> list[dict]:
 
 
 def _logprobs(reply: Reply, tokenizer: Any) -> dict:
-    toks = tokenizer.convert_ids_to_tokens(reply.token_ids)
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                        for t, lp in zip(toks, reply.logprobs)]}  # fmt: skip
+    raw = token_bytes(tokenizer, reply.token_ids)
+    return {"content": [{"token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b), "top_logprobs": []}
+                        for b, lp in zip(raw, reply.logprobs)]}  # fmt: skip
+
+
+def token_bytes(tokenizer: Any, ids: list[int]) -> list[bytes]:
+    """Each token's own bytes (what OpenAI's logprobs report), not its vocabulary symbol: byte-level BPE
+    writes " café" as 'Ġcaf' 'Ã' '©', SentencePiece as '▁caf' '<0xC3>' '<0xA9>'."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_level = type(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)).__name__ == "ByteLevel"
+    to_byte = {c: b for b, c in bytes_to_unicode().items()}
+    out = []
+    for tok in tokenizer.convert_ids_to_tokens(ids):
+        if byte_level and all(c in to_byte for c in tok):
+            out.append(bytes(to_byte[c] for c in tok))
+        elif not byte_level and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", tok):
+            out.append(bytes([int(tok[3:5], 16)]))
+        else:
+            out.append((tok if byte_level else tok.replace("\u2581", " ")).encode())
+    return out
 
 
 def _usage(reply: Reply) -> dict:
