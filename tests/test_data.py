@@ -114,6 +114,18 @@ def test_batches_resume_exactly_and_roll_over_epochs(tmp_path):
     assert first[:2] != [list(range(4)), list(range(4, 8))]  # actually shuffled
 
 
+def test_a_row_in_two_epochs_is_two_samples(tmp_path):
+    """10 rows in batches of 4: the batch spanning epochs 0 and 1 may hold one row twice; the copies must not
+    share a uid (GRPO would merge their groups), and every uid in any batch is distinct."""
+    f = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"q{i}", "answer": i} for i in range(10)])
+    for seed in range(20):
+        it = StreamingDataset([f], seed=seed).batches(4)
+        batches = [next(it) for _ in range(5)]  # 20 samples: epochs 0 and 1
+        assert all(len({s.uid for s in b}) == 4 for b in batches)
+        uids = [s.uid for b in batches for s in b]
+        assert sum(u.endswith("@epoch1") for u in uids) == 10 and len(set(uids)) == 20
+
+
 def test_need_tools_kwargs_without_tools_kwargs_is_warned_about(tmp_path, caplog):
     """verl's check: the row says it needs tools_kwargs but has none (a warning, as in verl)."""
     row = {"prompt": "x", "extra_info": {"need_tools_kwargs": True, "index": 3}}

@@ -20,7 +20,7 @@ import json
 import logging
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +203,10 @@ class StreamingDataset:
         yield from buf
 
     def batches(self, batch_size: int) -> Iterator[list[Sample]]:
-        """Endless stream of full batches; an epoch's tail shorter than batch_size rolls into the next."""
+        """Endless stream of full batches; an epoch's tail shorter than batch_size rolls into the next.
+
+        A row's uid carries its epoch after the first ("<uid>@epoch2"): one row in two epochs is two
+        samples, and a batch that spans the boundary may hold both, which must not share a GRPO group."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         pending: list[Sample] = []
@@ -213,7 +216,7 @@ class StreamingDataset:
                 produced += 1
                 if i < self.consumed:
                     continue
-                pending.append(s)
+                pending.append(replace(s, uid=f"{s.uid}@epoch{self.epoch}") if self.epoch else s)
                 self.consumed = i + 1
                 if len(pending) == batch_size:
                     yield pending
