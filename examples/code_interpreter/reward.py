@@ -5,6 +5,8 @@ verl's signature: compute_score(data_source, solution_str, ground_truth, extra_i
 `ground_truth` is the list of test cases (or that list as a JSON string, as parquet files store it):
 {"fn_name": "add", "args": [1, 2], "expected": 3} calls a function; {"input": ..., "output": ...} uses stdin/stdout.
 The sandbox URL is $SANDBOX_FUSION_URL (default http://127.0.0.1:8080, where `verl-agent sandbox up` serves).
+A sandbox that is down or fails raises (SandboxUnavailable) instead of scoring 0.0: the reward path reports
+the sample as a reward error (an infrastructure failure), never as the model's score.
 """
 
 from __future__ import annotations
@@ -21,5 +23,6 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     cases = json.loads(ground_truth) if isinstance(ground_truth, str) else list(ground_truth or [])
     url = os.environ.get("SANDBOX_FUSION_URL", "http://127.0.0.1:8080")
     # The agent loop calls reward functions in a worker thread, so a private event loop is fine here.
+    # No try/except: an unreachable or broken sandbox must surface as an error, not as a 0.0 reward.
     result = asyncio.run(score_code(solution_str or "", cases, url=url, timeout=10.0))
     return result.score

@@ -29,17 +29,20 @@ def weakened(cls, change):
     ("no_capabilities", lambda c, h: h.update(SecurityOpt=[])),
     ("own_pid_namespace", lambda c, h: h.update(PidMode="host")),
     ("clean_env", lambda c, h: c.update(Env=["LEAKED_TOKEN=x"])),
+    ("only_scratch_writable", lambda c, h: h["Tmpfs"].update({"/data": h["Tmpfs"]["/tmp"]})),  # never wiped
 ])
 def test_a_weakened_runner_is_refused_naming_the_guarantee(docker_backend_cls, guarantee, change):
     from verl_agent.sandbox.backends.docker import IsolationError
 
-    with pytest.raises(IsolationError, match=f"guarantee failed at start-up: {guarantee} .*refusing to serve"):
+    with pytest.raises(IsolationError, match=f"guarantee failed at start-up: .*{guarantee} .*refusing to serve"):
         weakened(docker_backend_cls, change)(memory_mb=256, pids=32, tmpfs_mb=16)
 
 
 def test_guarantees_are_measured(docker_backend_cls):
     backend = docker_backend_cls(memory_mb=256, pids=32, tmpfs_mb=16)
-    assert backend.guarantees() == dict.fromkeys(backend.guarantees(), True) and len(backend.guarantees()) == 11
+    from verl_agent.sandbox.backends.probe import GUARANTEES
+
+    assert backend.guarantees() == dict.fromkeys(GUARANTEES, True) and len(GUARANTEES) == 12
     ok, detail = backend._guarantees["memory_limit"]
     assert ok and detail == f"memory limit {256 << 20}"  # read inside the container, not our own setting
 

@@ -47,6 +47,7 @@ def _insert_before_dashdash(*extra):
 @pytest.mark.parametrize("guarantee,kwargs", [
     ("no_network", dict(argv=_insert_before_dashdash("--share-net"))),
     ("read_only_system", dict(argv=_drop("--remount-ro", 2))),
+    ("only_scratch_writable", dict(argv=lambda a: _drop_pair(a, "--remount-ro", "/dev"))),
     ("clean_env", dict(argv=_insert_before_dashdash("--setenv", "LEAKED_TOKEN", "x"))),
     ("no_capabilities", dict(argv=_insert_before_dashdash("--cap-add", "CAP_SYS_PTRACE"))),
     ("disk_limit", dict(argv=lambda a: _unsized(a))),
@@ -56,6 +57,11 @@ def test_a_weakened_sandbox_is_refused_naming_the_guarantee(guarantee, kwargs):
     with pytest.raises(IsolationError, match=f"process backend: isolation guarantee failed at start-up: .*{guarantee} "
                                              ".*refusing to serve"):
         weakened(**kwargs)(**SMALL)
+
+
+def _drop_pair(a, flag, value):
+    i = next(i for i in range(len(a) - 1) if a[i:i + 2] == [flag, value])
+    return a[:i] + a[i + 2:]
 
 
 def _unsized(a):

@@ -9,6 +9,7 @@ there is no interface but lo and that connecting fails at once.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import time
 import uuid
@@ -126,6 +127,51 @@ def test_output_floods_are_capped_and_prompt(server, run):
     assert len(endless["run_result"]["stdout"]) < cap + 100
 
 
+def test_jupyter_display_and_errors_are_capped(server):
+    """A notebook's displayed repr and an error's message and traceback obey max_output_bytes too (cut in
+    the kernel, inside the sandbox), keeping the display's head and the traceback's last lines."""
+    cap = server.service.settings.max_output_bytes
+    deep = ("import sys\nsys.setrecursionlimit(10000)\n"  # 3000 distinct frames: a traceback over the cap
+            "src = ''.join(f'def f{i}():\\n    return f{i + 1}()\\n' for i in range(3000))\n"
+            "exec(compile(src + 'def f3000():\\n    return 1 / 0', '<cell>', 'exec'))\nf0()")
+    cells = ["list(range(200000))", deep, "raise ValueError('x' * 300000)"]
+    out = [httpx.post(f"{server.url}/run_jupyter", json={"cells": [c]}, timeout=60).json()["cells"][0] for c in cells]
+    shown = out[0]["display"][0]["text/plain"]
+    assert shown.startswith("[0, 1, 2") and "truncated" in shown and len(shown) < cap + 100, len(shown)
+    for cell, last in ((out[1], "ZeroDivisionError: division by zero\n"), (out[2], None)):
+        error = cell["error"][0]
+        assert len(json.dumps(error)) < 2 * cap + 500, len(json.dumps(error))
+        assert "truncated" in error["traceback"][0] and len(error["traceback"]) > 1
+        assert error["traceback"][-1] == last if last else error["traceback"][-1].startswith("ValueError: xxx")
+    assert "truncated" in out[2]["error"][0]["evalue"] and len(out[2]["stderr"]) < cap + 100
+
+
+@pytest.mark.parametrize("mode", ["session", "jupyter"])
+def test_a_process_forked_by_a_cell_never_answers_as_the_kernel(server, run, mode):
+    """A child forked in a session or notebook cell that calls sys.exit (or just runs to the end of the
+    cell) ends there: the cell's reply is the kernel's own, and the next cells see the same kernel."""
+    fork = ("import os, sys, time\nif os.fork() == 0:\n    sys.exit(3)\nif os.fork() == 0:\n    x = 1\n"
+            "time.sleep(0.5)\nkept = 'parent'\n")
+    if mode == "jupyter":
+        body = {"cells": [fork + "kept", "kept + ' again'", "print(os.getpid() == KERNEL)"]}
+        body["cells"][0] = "import os\nKERNEL = os.getpid()\n" + body["cells"][0]
+        out = httpx.post(f"{server.url}/run_jupyter", json=body, timeout=60).json()
+        cells = out["cells"]
+        assert out["status"] == "Success", out
+        assert [c["display"] for c in cells[:2]] == [[{"text/plain": "'parent'"}], [{"text/plain": "'parent again'"}]]
+        assert cells[2]["stdout"] == "True\n" and all(c["error"] == [] for c in cells), out
+        return
+    sid = httpx.post(f"{server.url}/open_session", timeout=30).json()["session_id"]
+    try:
+        first = run(server, fork + "print(kept)", session_id=sid)
+        assert first["status"] == "Success" and first["run_result"]["stdout"] == "parent\n", first
+        for code, want in (("print(kept, 2)", "parent 2\n"), ("print(kept, 3)", "parent 3\n")):
+            out = run(server, code, session_id=sid)
+            assert out["status"] == "Success" and out["run_result"]["stdout"] == want, out
+    finally:
+        httpx.post(f"{server.url}/close_session", json={"session_id": sid}, timeout=30)
+
+
 def test_binary_output(server, run):
     out = run(server, "import os\nos.write(1, bytes(range(256)) * 64)")
     assert out["status"] == "Success" and "\ufffd" in out["run_result"]["stdout"]
@@ -145,6 +191,30 @@ def test_leftover_files_are_not_visible_to_the_next_run(server, run):
               language="bash")
     assert out["status"] == "Success"
     assert not os.path.exists(f"/tmp/{tag}")  # the host's /tmp is not the sandbox's
+    healthy_and_clean(server, run)
+
+
+def test_dev_is_read_only_and_nothing_outside_scratch_is_writable(server, run):
+    """/dev is never wiped, so a run must not be able to leave a file (or fill memory) there: creating one
+    fails, the next run sees nothing, and /dev/null, /dev/zero, /dev/urandom and /dev/shm work as usual.
+    The start-up probe's own check, run as a user's program, finds nothing writable outside the scratch
+    dirs the agent wipes (which are the probe's)."""
+    from verl_agent.sandbox import agent
+    from verl_agent.sandbox.backends.probe import PROBE, SCRATCH
+
+    assert sorted(agent.SCRATCH) == sorted(SCRATCH)
+    tag = uuid.uuid4().hex
+    code = (f"echo leak > /dev/{tag}; mkdir /dev/d{tag}; echo made $(ls /dev | grep -c {tag})\n"
+            "echo x > /dev/null && head -c 4 /dev/zero | wc -c && head -c 8 /dev/urandom | wc -c\n"
+            "echo shm > /dev/shm/ok && cat /dev/shm/ok")
+    out = run(server, code, language="bash")
+    assert out["status"] == "Success", out
+    assert out["run_result"]["stdout"] == "made 0\n4\n8\nshm\n", out
+    assert any(e in out["run_result"]["stderr"] for e in ("Read-only file system", "Permission denied")), out
+    want = {"memory": 0, "pids": 0, "tmp": 0, "scratch": SCRATCH, "cgroups_inside": False}
+    probe = run(server, f"import sys\nsys.argv = ['probe', {json.dumps(want)!r}]\n" + PROBE)
+    found = json.loads(probe["run_result"]["stdout"].splitlines()[-1])
+    assert found["only_scratch_writable"][0], found["only_scratch_writable"]
     healthy_and_clean(server, run)
 
 
@@ -224,10 +294,21 @@ def test_fd_and_thread_exhaustion(server, run, code):
 
 
 def test_huge_request_body_and_huge_stdin(server, run):
+    """A body over the limit is refused with 413 whether its length is declared or it comes chunked (no
+    Content-Length); a large stdin under the limit reaches the program whole."""
     big = "x" * (9 << 20)  # over the test server's 8 MiB body limit
     response = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "python", "stdin": big},
                           timeout=30)
     assert response.status_code == 413
+    body = json.dumps({"code": "print(1)", "language": "python", "stdin": big}).encode()
+    pieces = (body[i:i + (1 << 20)] for i in range(0, len(body), 1 << 20))  # a generator: sent chunked
+    chunked = httpx.post(f"{server.url}/run_code", content=pieces, headers={"content-type": "application/json"},
+                         timeout=30)
+    assert chunked.status_code == 413 and "too large" in chunked.json()["message"], chunked.text
+    small = json.dumps({"code": "print(2)", "language": "python"}).encode()
+    ok = httpx.post(f"{server.url}/run_code", content=iter([small[:10], small[10:]]),
+                    headers={"content-type": "application/json"}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["run_result"]["stdout"] == "2\n", ok.text
     out = run(server, "import sys\nprint(len(sys.stdin.read()))", stdin="y" * (5 << 20))
     assert out["run_result"]["stdout"] == f"{5 << 20}\n"
 

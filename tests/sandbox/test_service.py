@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -174,6 +176,30 @@ async def test_code_interpreter_tool_sessions_are_server_issued(process_server):
     assert len(process_server.service.sessions) == 0
 
 
+async def test_code_interpreter_tool_replaces_an_expired_session_once(server_thread_cls):
+    """A session the server dropped (idle timeout here; a restarted server forgets them too) is not an
+    infrastructure failure: the tool opens a new one, runs the call there and tells the model that its
+    earlier state is gone; the calls after that use the new session as usual."""
+    settings = ServiceSettings(min_pool_size=1, max_pool_size=2, session_idle_timeout=1.0, default_memory_mb=256)
+    with server_thread_cls(ProcessBackend(memory_mb=256, tmpfs_mb=16), settings) as server:
+        tool = SandboxFusionTool({"sandbox_fusion_url": server.url, "enable_session": True})
+        iid = await tool.create()
+        try:
+            assert (await tool.execute(iid, {"code": "x = 1"}))[2]["status"] == "Success"
+            first = tool._instances[iid]
+            deadline = time.monotonic() + 10
+            while len(server.service.sessions) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # the server closes the idle session
+            assert len(server.service.sessions) == 0
+            text, _, metrics = await tool.execute(iid, {"code": "y = 2\nprint(x)"})
+            assert text.text.startswith("Note: the interpreter session had expired") and "NameError" in text.text
+            assert metrics["session_lost"] and tool._instances[iid] not in (None, first)
+            again, _, metrics = await tool.execute(iid, {"code": "print(y)"})
+            assert again.text == "2\n" and "session_lost" not in metrics
+        finally:
+            await tool.release(iid)
+
+
 async def test_tool_reports_unreachable_sandbox():
     """A sandbox that is down is an infrastructure failure (never the model's reward), not a tool message."""
     from verl_agent.protocol import ToolCall
@@ -202,3 +228,70 @@ async def test_code_reward_stdio_and_function_cases(process_server):
     assert result.score == 0.5 and [c.status for c in result.cases] == ["passed", "wrong_answer"]
     slow = await score_code("while True: pass", [{"input": "", "output": ""}], url=process_server.url, timeout=1)
     assert slow.cases[0].status == "timeout" and slow.score == 0.0
+
+
+async def test_code_reward_function_verdict_cannot_be_faked(process_server):
+    """A solution cannot pass a function-call test without returning the right value: printing a verdict
+    and exiting, an always-True ``__eq__`` (also on an int subclass), a bool for an int and reading the
+    expected value from the program's source all fail; a correct solution that prints, uses ``from __future__``
+    and a ``__main__`` block passes, and so does one returning the right number as a float."""
+    cases = [{"fn_name": "add", "args": [1, 2], "expected": 3}, {"fn_name": "add", "args": [5, 5], "expected": 10}]
+    fakes = {
+        "printed verdict": "import os\nprint('{\"ok\": true, \"got\": \"3\"}', flush=True)\nos._exit(0)",
+        "always equal": "class A:\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return A()",
+        "int subclass": "class I(int):\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return I(0)",
+        "bool for int": "def add(a, b):\n    return True",
+        "reads the program": "import re\nsrc = open('main.py').read()\n"  # the old harness held the case
+                             "def add(a, b):\n    return int((re.findall(r'expected\\D*(\\d+)', src) + [0])[0])",
+    }
+    for name, code in fakes.items():
+        result = await score_code(f"```python\n{code}\n```", cases, url=process_server.url)
+        assert result.score == 0.0, (name, result)
+    good = ("from __future__ import annotations\nimport sys\n"
+            "def add(a: int, b: int) -> int:\n    print('debug', a, file=sys.stderr)\n    print('{\"ok\": false}')\n"
+            "    return a + b\nif __name__ == '__main__':\n    print(add(1, 1))")
+    result = await score_code(f"```python\n{good}\n```", cases, url=process_server.url)
+    assert result.score == 1.0 and [c.detail for c in result.cases] == ["3", "10"], result
+    as_float = await score_code("```python\ndef add(a, b):\n    return float(a + b)\n```", cases, url=process_server.url)
+    assert as_float.score == 1.0, as_float  # 3.0 == 3, as Python and the datasets' checkers have it
+
+
+async def test_code_reward_a_program_that_exits_early_is_a_runtime_error(process_server):
+    """``sys.exit(0)`` before the function returns (after printing) is that case's runtime_error; a
+    verdict of the wrong shape (even one carrying the nonce) is too, and never breaks the other cases."""
+    early = "```python\ndef add(a, b):\n    return a + b\nprint(3)\nimport sys; sys.exit(0)\n```"
+    cases = [{"fn_name": "add", "args": [1, 2], "expected": 3}, {"input": "", "output": "3"}]
+    result = await score_code(early, cases, url=process_server.url)
+    assert [c.status for c in result.cases] == ["runtime_error", "passed"], result
+    assert "exited before the function returned" in result.cases[0].detail
+
+    def handler(request: httpx.Request) -> httpx.Response:  # a server that tags odd verdicts with the nonce
+        nonce = json.loads(json.loads(request.content)["stdin"])["nonce"]
+        shape = {"1": '{"ok": 1, "got": "3"}', "2": "[true]", "3": '{"ok": true}'}[str(calls.pop())]
+        return httpx.Response(200, json={"status": "Success", "run_result": {
+            "status": "Finished", "return_code": 0, "stdout": f"{nonce}{shape}\n", "stderr": ""}})
+
+    calls = [1, 2, 3]
+    client = SandboxClient("http://sandbox", transport=httpx.MockTransport(handler))
+    result = await score_code("def add(a, b): return a + b", [cases[0]] * 3, client=client)
+    assert [c.status for c in result.cases] == ["runtime_error"] * 3 and result.score == 0.0, result
+
+
+async def test_code_reward_raises_when_the_sandbox_fails(monkeypatch):
+    """An unreachable sandbox, or one answering SandboxError, is an infrastructure failure: score_code
+    raises (no 0.0 score), and the example's reward comes back as a per-sample reward error."""
+    from verl_agent.reward import load_reward_fn
+
+    dead = SandboxClient("http://127.0.0.1:9", ClientLimits(max_retries=0))
+    case = [{"fn_name": "add", "args": [1, 2], "expected": 3}, {"input": "", "output": ""}]
+    with pytest.raises(SandboxUnavailable, match="ConnectError"):
+        await score_code("def add(a, b): return a + b", case, client=dead)
+    broken = SandboxClient("http://sandbox", transport=httpx.MockTransport(lambda r: httpx.Response(
+        200, json={"status": "SandboxError", "message": "sandbox verl-sbx-1 crashed"})))
+    with pytest.raises(SandboxUnavailable, match="sandbox error: sandbox verl-sbx-1 crashed"):
+        await score_code("print(1)", case[1:], client=broken)
+    monkeypatch.setenv("SANDBOX_FUSION_URL", "http://127.0.0.1:9")
+    reward = load_reward_fn(str(Path(__file__).parents[2] / "examples/code_interpreter/reward.py") + ":compute_score")
+    out = await asyncio.to_thread(reward, data_source="code", solution_str="def add(a, b): return a + b",
+                                  ground_truth=json.dumps(case[:1]))
+    assert out.error and "SandboxUnavailable" in out.error and out.score == 0.0, out

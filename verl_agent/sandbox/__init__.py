@@ -12,23 +12,26 @@ Protected (one adversarial test per line in tests/sandbox/test_security.py, on b
   fork and ``nohup &`` children die too; the server has its own deadline and kills the sandbox.
 - memory, processes, CPU, disk: per-run RLIMIT_AS; per-sandbox cgroup memory, pids and CPU limits
   (docker always; process backend where cgroup v1 is writable); size-limited tmpfs scratch space;
-  read-only system directories. Output is drained while the program runs and capped with a marker.
+  read-only system directories and /dev. Output (also a notebook's displayed values and errors) is
+  drained while the program runs and capped with a marker.
 - network: no interface but loopback (own network namespace); the server's port is unreachable.
 - secrets: a clean environment; no host home, no docker socket; the agent is non-dumpable, so
   /proc/1/environ, /proc/1/mem and ptrace are closed to programs of the same uid.
 - other runs: one run per sandbox at a time; own PID namespace; after a run (finished or timed
-  out), every other process is killed and /tmp, /dev/shm, /var/tmp are wiped; a sandbox that may be
-  dirty (a survivor of that kill, scratch not wiped, SysV IPC in use, a protocol error or the
-  server-side deadline) is destroyed and replaced, never reused.
+  out), every other process is killed and /tmp, /dev/shm, /var/tmp are wiped (nothing else is
+  writable, which the start-up probe checks); a sandbox that may be dirty (a survivor of that kill,
+  scratch not wiped, SysV IPC in use, a protocol error or the server-side deadline) is destroyed and
+  replaced, never reused.
 - file paths: ``files``/``fetch_files`` must stay in the work dir; symlinks are never followed.
 - privileges: a non-root uid; docker: ``--cap-drop ALL`` + ``no-new-privileges``; process: an
   unprivileged user namespace (no capabilities on the host).
 - the supervisor itself: started as ``python3 -I`` so its import path holds neither its working
   directory (the user-writable /tmp) nor PYTHON* variables: a planted module is never imported.
 - measured, not assumed (both backends): at start-up a probe sandbox started exactly like a worker
-  checks uid, network, read-only root, capability sets, PID namespace, environment, scratch mounts
-  and cgroup limits (docker: from inside; process: membership and limits read from the host); a
-  failed guarantee that the backend claims refuses to serve (``IsolationError`` naming it).
+  checks uid, network, read-only root, capability sets, PID namespace, environment, scratch mounts,
+  that nothing outside them is writable, and cgroup limits (docker: from inside; process: membership
+  and limits read from the host); a failed guarantee that the backend claims refuses to serve
+  (``IsolationError`` naming it).
   ``/v1/health`` shows the result.
 - other servers on the host: runner containers (docker) and cgroups (process) carry the server's own
   instance id and a server removes only its own (a restarted server given the same ``instance_id``,

@@ -33,7 +33,10 @@ def _client(request: Request) -> str:
 
 
 class BodyLimit:
-    """ASGI middleware: refuse request bodies over ``max_bytes`` (413) before they are buffered whole."""
+    """ASGI middleware: refuse request bodies over ``max_bytes`` (413) before they are buffered whole.
+
+    The body is read here, whether its length was declared or not (chunked): raising from inside the
+    app's own read would not do, as FastAPI answers any error while it reads the body with a 400."""
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -44,30 +47,30 @@ class BodyLimit:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._refuse(send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
+            if message["type"] != "http.request":
+                break  # the client went away: the app sees the disconnect
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
             if seen > self.max_bytes:
-                raise _TooLarge()
-            return message
+                return await self._refuse(send)
+            if not message.get("more_body"):
+                message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                break
+        pending = [message]
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(send)
+        async def replay():
+            return pending.pop() if pending else await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send) -> None:
         body = b'{"status":"SandboxError","message":"request body too large (max %d bytes)"}' % self.max_bytes
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def create_app(service: SandboxService, max_body_bytes: int = 64 << 20) -> FastAPI:

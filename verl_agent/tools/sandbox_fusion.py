@@ -11,7 +11,9 @@ Config (tool YAML ``config:``), verl names first:
                        worker (each has its own tool object).
   max_output_chars     stdout/stderr each truncated to this, keeping the head (default 4000)
   enable_session       our extension: one live interpreter per trajectory, from its first python call to
-                       release (the session id is issued by the server: POST /open_session)
+                       release (the session id is issued by the server: POST /open_session). A session the
+                       server no longer knows (idle timeout, server restart) is replaced once by a new one and
+                       the call retried; the response tells the model that its earlier state was lost.
 Returns stdout (and stderr under a header); on timeout or sandbox trouble a clear one-line message.
 """
 
@@ -49,6 +51,11 @@ def _base_url(url: str) -> str:
     return url[: -len("/run_code")] if url.endswith("/run_code") else url
 
 
+def _forgotten(resp) -> bool:
+    """The server does not know the session (expired, or the server restarted since it was opened)."""
+    return resp.status.value == "SandboxError" and (resp.message or "").startswith("unknown session_id")
+
+
 class SandboxFusionTool(BaseTool):
     def __init__(self, config: dict[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
         super().__init__(config, tool_schema)
@@ -82,17 +89,15 @@ class SandboxFusionTool(BaseTool):
             return ToolResponse(text="Error: no code given (parameter 'code' must be a non-empty string)"), 0.0, {}
         language = parameters.get("language") or self.language
         use_session = self.sessions and instance_id in self._instances and language in ("python", "python3")
+        lost = False
         try:
-            session = self._instances[instance_id] if use_session else None
-            if use_session and session is None:
-                session = await self.client.open_session()
-                if instance_id not in self._instances or self._instances[instance_id] is not None:
-                    await self.client.close_session(session)  # released, or a parallel call opened one first
-                    session = self._instances.get(instance_id)
-                else:
-                    self._instances[instance_id] = session
-            resp = await self.client.run_code(code, language, run_timeout=self.timeout,
-                                              memory_limit_MB=self.memory_mb, session_id=session)
+            session = await self._session(instance_id) if use_session else None
+            resp = await self._run(code, language, session)
+            if session is not None and _forgotten(resp):  # idle timeout or a restarted server: once more, fresh
+                if self._instances.get(instance_id) == session:
+                    self._instances[instance_id] = None
+                session, lost = await self._session(instance_id), True
+                resp = await self._run(code, language, session)
         except SandboxUnavailable as e:  # the server is down or overloaded: not the model's doing
             raise ToolUnavailable(f"the sandbox is unavailable ({e})", cause="sandbox_unavailable") from e
         run = resp.run_result or resp.compile_result
@@ -102,7 +107,29 @@ class SandboxFusionTool(BaseTool):
             raise ToolUnavailable(f"sandbox error: {resp.message or 'no message'}", cause="sandbox_error")
         metrics = {"status": resp.status.value, "run_status": run.status.value if run else None,
                    "execution_time": run.execution_time if run else None}
-        return ToolResponse(text=self._format(resp, run)), 0.0, metrics
+        text = self._format(resp, run)
+        if lost:
+            metrics["session_lost"] = True
+            text = (f"Note: the interpreter session had expired, so this ran in a fresh one: variables, imports "
+                    f"and files from earlier calls are gone.\n{text}")
+        return ToolResponse(text=text), 0.0, metrics
+
+    async def _run(self, code: str, language: str, session: str | None):
+        return await self.client.run_code(code, language, run_timeout=self.timeout, memory_limit_MB=self.memory_mb,
+                                          session_id=session)
+
+    async def _session(self, instance_id: str) -> str | None:
+        """The trajectory's session id, opened on first use (parallel first calls share the first one
+        opened); None once the trajectory was released."""
+        session = self._instances.get(instance_id)
+        if session is None:
+            session = await self.client.open_session()
+            if instance_id not in self._instances or self._instances[instance_id] is not None:
+                await self.client.close_session(session)  # released, or a parallel call opened one first
+                session = self._instances.get(instance_id)
+            else:
+                self._instances[instance_id] = session
+        return session
 
     def _format(self, resp, run) -> str:
         if resp.status.value == "SandboxError" or run is None:

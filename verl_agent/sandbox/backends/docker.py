@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 
 from verl_agent.sandbox.backends.base import READ_LIMIT, SandboxBackend, Worker, agent_argv
-from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, IsolationError, judge, parse_probe
+from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, SCRATCH, IsolationError, judge, parse_probe
 from verl_agent.sandbox.languages import LANGUAGES
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class DockerBackend(SandboxBackend):
 
     def probe(self) -> dict[str, tuple[bool, str]]:
         """Start one container with the runner's flags and measure every guarantee; refuse on a failure."""
-        want = {"memory": self.memory_mb << 20, "pids": self.pids, "tmp": self.tmpfs_mb << 20}
+        want = {"memory": self.memory_mb << 20, "pids": self.pids, "tmp": self.tmpfs_mb << 20, "scratch": SCRATCH}
         name = self.new_name("verl-sbx-probe")
         done = None
         try:

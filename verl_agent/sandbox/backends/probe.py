@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["GUARANTEES", "PROBE", "IsolationError", "judge", "parse_probe"]
+__all__ = ["GUARANTEES", "PROBE", "SCRATCH", "IsolationError", "judge", "parse_probe"]
 
 GUARANTEES = ("non_root_uid", "no_network", "read_only_system", "no_capabilities", "own_pid_namespace", "clean_env",
-              "memory_limit", "pids_limit", "cpu_limit", "disk_limit", "private_tmp")
+              "memory_limit", "pids_limit", "cpu_limit", "disk_limit", "private_tmp", "only_scratch_writable")
+# What the agent wipes after every run (agent.SCRATCH, which cannot import this: it is stdlib-only
+# source run inside the sandbox); a test checks that the two agree.
+SCRATCH = ("/tmp", "/dev/shm", "/var/tmp", "/dev/mqueue")
 
 
 class IsolationError(RuntimeError):
@@ -72,6 +75,33 @@ for d in ("/tmp", "/var/tmp"):
 mounts = {line.split()[1]: line.split()[2] for line in open("/proc/mounts")}
 r["disk_limit"] = (all(0 < v <= want["tmp"] for v in tmp.values()), f"scratch sizes {tmp}")
 r["private_tmp"] = (all(mounts.get(d) == "tmpfs" for d in tmp) and os.access("/tmp", os.W_OK), f"mounts {[mounts.get(d) for d in tmp]}")
+# Anything writable outside the wiped scratch dirs would outlive a run: in every mount that is not
+# read-only, try to create a file in each directory (os.access is not enough: devpts says W_OK, then
+# refuses) and look for writable regular files.
+scratch, writable, me = tuple(want["scratch"]), [], f".verl-probe-{os.getpid()}"
+def kept(path, dev):
+    try:
+        return os.lstat(path).st_dev == dev and path not in scratch  # another mount is checked on its own line
+    except OSError:
+        return False
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    mnt = fields[4].encode().decode("unicode_escape")
+    if (mnt.startswith(("/proc", "/sys")) or "ro" in fields[5].split(",") or not os.path.isdir(mnt)
+            or any(mnt == d or mnt.startswith(d + "/") for d in scratch)):
+        continue
+    dev = os.stat(mnt).st_dev
+    for d, dirs, files in os.walk(mnt):
+        dirs[:] = [x for x in dirs if kept(os.path.join(d, x), dev)]
+        writable += [os.path.join(d, f) for f in files if os.path.isfile(os.path.join(d, f))
+                     and not os.path.islink(os.path.join(d, f)) and os.access(os.path.join(d, f), os.W_OK)]
+        try:
+            os.close(os.open(os.path.join(d, me), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except OSError:
+            continue
+        os.unlink(os.path.join(d, me))
+        writable.append(d)
+r["only_scratch_writable"] = (not writable, f"writable outside {list(scratch)}: {writable[:10]}")
 print(json.dumps(r), flush=True)
 if want.get("hold"):
     sys.stdin.read()  # stay alive until the host has looked at us from outside

@@ -1,16 +1,17 @@
 """``process`` backend: bubblewrap namespaces + rlimits + cgroup v1 limits, for hosts without Docker.
 
 Each sandbox is ``bwrap --unshare-all`` (no network interface but lo, own PID/IPC/UTS/user
-namespaces), the host's /usr read-only, a private size-limited /tmp, /var/tmp and /dev, a clean
-environment, run as a dedicated non-root uid when the server is root. Where cgroup v1 ``memory``,
-``pids`` and ``cpu`` hierarchies are writable, each sandbox gets its own group with limits; otherwise
-only rlimits apply and ``guarantees()`` says so.
+namespaces), the host's /usr read-only, a private size-limited /tmp, /var/tmp and /dev/shm, a
+read-only /dev, a clean environment, run as a dedicated non-root uid when the server is root. Where
+cgroup v1 ``memory``, ``pids`` and ``cpu`` hierarchies are writable, each sandbox gets its own group
+with limits; otherwise only rlimits apply and ``guarantees()`` says so.
 
 Probed, not assumed: at start-up one sandbox started exactly like a worker runs the shared probe
 (``backends/probe.py``: uid, network, read-only root, capabilities, PID namespace, environment,
-scratch mounts) and the host checks from outside that it sits in its cgroups with the configured
-limits. Every guarantee the backend claims (all of them, the cgroup limits only where cgroup v1 is
-writable) must hold, or the backend refuses to serve (``IsolationError`` naming it).
+scratch mounts, nothing writable outside them) and the host checks from outside that it sits in its
+cgroups with the configured limits. Every guarantee the backend claims (all of them, the cgroup
+limits only where cgroup v1 is writable) must hold, or the backend refuses to serve
+(``IsolationError`` naming it).
 
 Cgroups live under ``verl-sandbox/<instance id>/``; a backend removes only its own instance's
 groups, so a restarted server given the same ``instance_id`` cleans up after its predecessor.
@@ -32,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv
-from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, IsolationError, judge, parse_probe
+from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, SCRATCH, IsolationError, judge, parse_probe
 from verl_agent.sandbox.languages import available_languages
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class ProcessBackend(SandboxBackend):
         """Start one sandbox as a worker is started, measure every guarantee, refuse on a claimed failure."""
         name = self.new_name("verl-sbx-probe")
         groups = self._make_cgroups(name) if self._cgroups else []
-        want = {"memory": self.memory_mb << 20, "pids": self.pids, "tmp": self.tmpfs_mb << 20,
+        want = {"memory": self.memory_mb << 20, "pids": self.pids, "tmp": self.tmpfs_mb << 20, "scratch": SCRATCH,
                 "cgroups_inside": False, "hold": True}
         argv = self._argv(["/usr/bin/python3", "-I", "-c", PROBE, json.dumps(want)])
         proc = None
@@ -156,7 +157,9 @@ class ProcessBackend(SandboxBackend):
                 "--chdir", "/tmp"]
         for path in _ETC:
             argv += ["--ro-bind-try", path, path]
-        return argv + ["--remount-ro", "/", "--"] + (command or agent_argv())  # bwrap's root tmpfs: read-only too
+        # bwrap's root tmpfs and /dev read-only too: /dev is a tmpfs no run wipes, so a file written there
+        # would outlive the run (the device nodes, /dev/pts and /dev/shm are mounts of their own and still work)
+        return argv + ["--remount-ro", "/", "--remount-ro", "/dev", "--"] + (command or agent_argv())
 
     def _preexec(self, groups: list[Path]):
         """Runs in the child before exec: join the cgroups (before bwrap forks), limits, drop root."""
