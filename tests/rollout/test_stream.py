@@ -120,6 +120,25 @@ async def test_a_loop_that_records_no_versions_is_an_error_not_an_endless_reroll
         await stream.take(1, min_version=3)
 
 
+async def test_a_loop_that_raises_gives_infra_failures_of_the_current_version(chat_tokenizer, rollout_cfg):
+    """A rollout whose agent loop raises (after the first weight update) comes out as n agent_loop_error
+    infra failures stamped with the version it started under: counted, not dropped as stale or an error."""
+    agent = three_turn_loop(chat_tokenizer, rollout_cfg, delay=0.0)
+    stream = RolloutStream(agent)
+    await update_weights(stream, agent, 1)  # step 2 of a sync run: the engine holds version 1
+
+    async def broken_run(samples, n, sampling):
+        raise ConnectionError("sandbox went away")
+
+    agent.run = broken_run
+    stream.feed([sample()], 2, SP, batch=2)
+    groups, dropped = await stream.take(1, min_version=1)
+    assert dropped == 0 and stream.dropped_stale == 0 and len(groups) == 1
+    assert [(t.outcome, t.cause, t.policy_version, t.oldest_version) for t in groups[0].trajectories] == \
+        [("infra_failure", "agent_loop_error", 1, 1)] * 2
+    assert "sandbox went away" in groups[0].trajectories[0].error
+
+
 async def test_partial_rollout_at_a_token_boundary_records_the_version_of_every_token(chat_tokenizer, rollout_cfg):
     """With the real `hf` engine (continuous scheduler) the update interrupts turns mid-generation: each
     turn's tokens carry their own versions, old then new, and the records keep them."""

@@ -8,6 +8,7 @@ behaviour (it is what the engine serves after the last sync).
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -47,3 +48,20 @@ def test_resume_continues_the_same_metrics(ray_cluster, make_cfg, dev_model_path
     assert AutoTokenizer.from_pretrained(resumed.export_dir) is not None
     assert sum(p.numel() for p in model.parameters()) > 0
     assert (part / "config.yaml").is_file() and any((part / "tensorboard").iterdir())
+
+
+@pytest.mark.timeout(300)  # before the fix, step 2 dropped every group as stale forever
+def test_resume_path_with_any_folder_name_keeps_the_policy_version(ray_cluster, make_cfg, tmp_path):
+    """trainer.resume_mode=resume_path from a checkpoint folder not named global_step_N: the engine's policy
+    version is the checkpoint's step (its driver_state.json), so step 2 rolls out under version 1 and trains."""
+    common = ["data.val_files=[]", "data.max_response_length=48", "trainer.save_freq=1"]
+    train(make_cfg(*common, "trainer.total_training_steps=1", run_dir=tmp_path / "first"))
+    renamed = tmp_path / "best_so_far"
+    shutil.copytree(ckpt.latest_checkpoint(tmp_path / "first"), renamed)
+    run = tmp_path / "resumed"
+    resumed = train(make_cfg(*common, "trainer.total_training_steps=2", "trainer.resume_mode=resume_path",
+                             f"trainer.resume_from_path={renamed}", run_dir=run))
+    assert resumed.resumed_from == 1 and len(resumed.history) == 1
+    assert resumed.history[0]["rollout/num_trajectories"] == 16.0  # nothing dropped as stale
+    records = [json.loads(line) for line in (run / "trajectories" / "step_2.jsonl").open()]
+    assert len(records) == 16 and {r["policy_version"] for r in records} == {1}

@@ -29,7 +29,8 @@ def _update_and_export(cfg, seqs, out_dir, world: int):
         group.shutdown()
 
 
-@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
+# seq-mean-token-sum-norm: micro-batches padded to different widths still divide by data.max_response_length
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_two_ranks_with_micro_batches_equal_one_process(ray_cluster, make_cfg, dev_model_path, tmp_path,
                                                         loss_agg_mode, random_seqs):
     from transformers import AutoModelForCausalLM

@@ -105,7 +105,7 @@ def test_update_without_old_log_probs_equals_ratio_one(dev_model_path, random_se
     out = []
     for model, seqs in ((a, seqs_a), (b, seqs_b)):
         opt = torch.optim.SGD(model.parameters(), lr=1e-2)  # linear in the gradient (Adam would amplify rounding)
-        out.append(update_actor(model, opt, seqs, cfg, 1.0, torch.device("cpu"), 1, mb))
+        out.append(update_actor(model, opt, seqs, cfg, 1.0, torch.device("cpu"), 1, mb, loss_scale_factor=256))
     assert out[0]["grad_norm"] == pytest.approx(out[1]["grad_norm"], rel=1e-5)
     assert out[0]["pg_loss"] == pytest.approx(out[1]["pg_loss"], rel=1e-4, abs=1e-6)  # ratio 1 up to rounding
     assert out[0]["ppo_kl"] == 0.0

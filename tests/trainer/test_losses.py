@@ -231,33 +231,57 @@ def test_masked_tokens_get_zero_gradient_and_do_not_change_the_loss(loss_mode: s
 @pytest.mark.parametrize("loss_mode, mode", [("vanilla", "token-mean"), ("vanilla", "seq-mean-token-sum"),
                                              ("gspo", "seq-mean-token-mean"), ("vanilla", "seq-mean-token-sum-norm")])
 def test_micro_batches_with_global_counts_equal_one_batch(loss_mode: str, mode: str) -> None:
-    # a tiny policy: logits = W x; summed micro-batch losses with the step's global counts == full-batch loss
+    """Summed micro-batch losses (actor and critic) with the step's global counts and the constant
+    loss_scale_factor equal the full batch's loss, although each micro-batch is padded only to its own
+    longest response (widths 7, 2 and 7 here, 7 for the full batch), as the trainer pads them."""
+    # a tiny policy: logits = W x, value = first logit
     g = torch.Generator().manual_seed(3)
     B, L, V, H = 6, 7, 5, 4
     feats = torch.randn(B, L, H, generator=g)
     tokens = torch.randint(0, V, (B, L), generator=g)
-    mask = (torch.rand(B, L, generator=g) > 0.3).float()
+    lens = T([3, 7, 2, 5, 7, 4])  # response lengths: the micro-batches below have different padded widths
+    mask = ((torch.rand(B, L, generator=g) > 0.3) & (torch.arange(L) < lens[:, None])).float()
     mask[:, 0] = 1
     mask[0, 1:] = 0  # very uneven token counts make a naive mean of micro-batch means wrong
     adv = torch.randn(B, generator=g).unsqueeze(-1) * mask
+    returns = torch.randn(B, L, generator=g)
     w = torch.nn.Linear(H, V)
 
     def loss_of(rows: slice, **counts):
-        lp = torch.log_softmax(w(feats[rows]), -1).gather(-1, tokens[rows, :, None]).squeeze(-1)
-        ent = entropy_from_logits(w(feats[rows]))
-        return actor_loss(lp.detach() + 0.03, lp, adv[rows], mask[rows], loss_mode=loss_mode, loss_agg_mode=mode,
-                          clip_ratio_low=0.2, clip_ratio_high=0.28, entropy=ent, entropy_coeff=0.01,
-                          ref_log_prob=lp.detach() - 0.02, kl_loss_coef=0.1, **counts)[0]
+        width = int(lens[rows].max())  # padded to this micro-batch's longest response, as the trainer does
+        x, m = feats[rows, :width], mask[rows, :width]
+        lp = torch.log_softmax(w(x), -1).gather(-1, tokens[rows, :width, None]).squeeze(-1)
+        ent = entropy_from_logits(w(x))
+        actor = actor_loss(lp.detach() + 0.03, lp, adv[rows, :width], m, loss_mode=loss_mode, loss_agg_mode=mode,
+                           clip_ratio_low=0.2, clip_ratio_high=0.28, entropy=ent, entropy_coeff=0.01,
+                           ref_log_prob=lp.detach() - 0.02, kl_loss_coef=0.1, **counts)[0]
+        v = w(x)[..., 0]
+        critic = value_loss(v, v.detach() + 0.1, returns[rows, :width], m, 0.5, mode, **counts)[0]
+        return actor + critic
 
-    full = torch.autograd.grad(loss_of(slice(0, B)), list(w.parameters()))
-    counts = {"global_token_count": mask.sum(), "global_seq_count": B}
+    norm = {"loss_scale_factor": 10}  # data.max_response_length: larger than any width here
+    full = torch.autograd.grad(loss_of(slice(0, B), **norm), list(w.parameters()))
+    counts = {"global_token_count": mask.sum(), "global_seq_count": B, **norm}
     acc = [torch.zeros_like(p) for p in w.parameters()]
     naive = [torch.zeros_like(p) for p in w.parameters()]
     for rows in (slice(0, 2), slice(2, 3), slice(3, B)):
         for a, gr in zip(acc, torch.autograd.grad(loss_of(rows, **counts), list(w.parameters()))):
             a += gr
-        for a, gr in zip(naive, torch.autograd.grad(loss_of(rows) / 3, list(w.parameters()))):
+        for a, gr in zip(naive, torch.autograd.grad(loss_of(rows, **norm) / 3, list(w.parameters()))):
             a += gr
     for a, f in zip(acc, full):
         assert_close(a, f, atol=1e-6, rtol=1e-5)
     assert any(not torch.allclose(n, f, atol=1e-4) for n, f in zip(naive, full))
+
+
+def test_dr_grpo_divides_by_the_constant_not_the_padded_width() -> None:
+    """seq-mean-token-sum-norm divides each sequence's token sum by loss_scale_factor (data.max_response_length):
+    the same per-sequence loss whatever width its micro-batch was padded to; without it, by the width."""
+    short = T([[1.0, 1.0, 0.0, 0.0]])  # a 2-token response, alone (width 2) or padded beside a 4-token one
+    mask = T([[1, 1, 0, 0]])
+    alone = agg_loss(short[:, :2], mask[:, :2], "seq-mean-token-sum-norm", global_seq_count=1, loss_scale_factor=8)
+    padded = agg_loss(short, mask, "seq-mean-token-sum-norm", global_seq_count=1, loss_scale_factor=8)
+    assert alone.item() == padded.item() == pytest.approx(2 / 8)
+    assert agg_loss(short, mask, "seq-mean-token-sum-norm").item() == pytest.approx(2 / 4)  # verl's default: T
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):  # the other modes ignore it
+        assert agg_loss(short, mask, mode, loss_scale_factor=8).item() == agg_loss(short, mask, mode).item()

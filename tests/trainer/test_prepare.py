@@ -6,7 +6,10 @@ torch.distributed would (the real collective runs in the trainer tests).
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
+from datetime import timedelta
 
 import pytest
 import torch
@@ -14,9 +17,9 @@ from torch.testing import assert_close
 
 from verl_agent.config import AlgorithmConfig
 from verl_agent.protocol import Trajectory
-from verl_agent.trainer.algorithms import KLController, compute_advantages
+from verl_agent.trainer.algorithms import ADV_ESTIMATORS, KLController, compute_advantages
 from verl_agent.trainer.batch import TrainSeq, pad_field
-from verl_agent.trainer.prepare import assign_advantages, filter_groups, train_seqs
+from verl_agent.trainer.prepare import apply_rollout_correction, assign_advantages, filter_groups, train_seqs
 
 
 def traj(uid: str, reward: float, outcome: str = "policy_failure", n_tokens: int = 3) -> Trajectory:
@@ -119,3 +122,89 @@ def test_kl_in_reward_and_adaptive_controller_by_hand():
     restored = KLController("adaptive", kl_coef=1.0)
     restored.load_state_dict(ctl.state_dict())
     assert restored.value == ctl.value
+
+
+# every registered estimator, and gae over turns: (adv_estimator, gae_timestep_unit)
+ESTIMATOR_UNITS = [(e, "token") for e in sorted(ADV_ESTIMATORS)] + [("gae", "turn")]
+
+
+def _prepared(seqs: list[TrainSeq]) -> list[TrainSeq]:
+    """The fields the worker attaches before assign_advantages: old / ref log-probs, critic values, anchor keys."""
+    for i, s in enumerate(seqs):
+        s.old_log_probs = s.rollout_log_probs = torch.full((s.response_len,), -1.0)
+        s.ref_log_probs = torch.full((s.response_len,), -1.0 - 0.1 * i)
+        s.old_values = torch.linspace(0.0, 1.0, s.response_len)
+        s.turns, s.turn_keys = [(0, s.response_len)], [f"k{i % 2}"]
+    return seqs
+
+
+def _worker_steps(seqs: list[TrainSeq], estimator: str, unit: str, reduce) -> dict[str, float]:
+    """What TrainWorker.compute_advantages runs on its sequences (KL in the reward, rollout correction, DAPO)."""
+    algo = AlgorithmConfig(adv_estimator=estimator, gae_timestep_unit=unit, gamma=0.9, use_kl_in_reward=True)
+    metrics, _ = assign_advantages(seqs, algo, 0.1, reduce)
+    metrics.update(apply_rollout_correction(seqs, "token", 2.0, reduce))
+    return {**metrics, "kept": filter_groups(seqs, "score", reduce)[1]}
+
+
+@pytest.mark.parametrize("estimator,unit", ESTIMATOR_UNITS)
+def test_an_empty_rank_runs_the_same_collectives_as_a_full_one(estimator, unit):
+    """For every estimator, a rank with no sequences issues the same all-reduces (count, shape, op, order)
+    as one with sequences, so no rank is left waiting in a collective the other never joins."""
+    def recorder(log):
+        def reduce(t, op="sum"):
+            log.append((tuple(t.shape), op))
+            return t
+        return reduce
+
+    full, empty = [], []
+    _worker_steps(_prepared([seq("a", 1.0, 3), seq("a", 0.0, 2), seq("b", 0.5, 4)]), estimator, unit, recorder(full))
+    _worker_steps([], estimator, unit, recorder(empty))
+    assert empty == full and len(full) >= 4
+
+
+def _gloo_worker(rank: int, world: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    from verl_agent.trainer.worker import _reduce
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    try:
+        for estimator, unit in ESTIMATOR_UNITS:
+            seqs = _prepared(list(two_shards()[0])) if rank == 0 else []  # rank 1 got no sequences this step
+            metrics = _worker_steps(seqs, estimator, unit, _reduce)
+            # a collective after the step still meets its partner: the ranks stayed in step
+            check = float(_reduce(torch.tensor([float(rank + 1)], dtype=torch.float64))[0])
+            out.put((rank, estimator, unit, metrics, [s.advantages.tolist() for s in seqs], check))
+        dist.barrier()
+    except Exception as e:  # noqa: BLE001  (reported to the test, which fails on it)
+        out.put((rank, "error", repr(e)))
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_a_rank_with_no_sequences_keeps_the_others_collectives_in_step():
+    """Two gloo ranks, rank 1 with no sequences: for every estimator both ranks finish, agree on the batch-wide
+    metrics, and rank 0's advantages equal those of its sequences trained alone (the empty rank adds nothing)."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_gloo_worker, args=(2, port, out), nprocs=2, start_method="spawn")
+    got = {}
+    while not out.empty():
+        r = out.get()
+        assert r[1] != "error", r
+        got[r[:3]] = r[3:]
+    assert len(got) == 2 * len(ESTIMATOR_UNITS)
+    for estimator, unit in ESTIMATOR_UNITS:
+        (m0, adv0, check0), (m1, adv1, check1) = got[0, estimator, unit], got[1, estimator, unit]
+        assert check0 == check1 == 3.0 and adv1 == []
+        assert m0 == pytest.approx(m1)
+        alone = _prepared(list(two_shards()[0]))
+        assert m0 == pytest.approx(_worker_steps(alone, estimator, unit, lambda t, op="sum": t))
+        for a, s in zip(adv0, alone):
+            assert a == pytest.approx(s.advantages.tolist(), abs=1e-6), (estimator, unit)

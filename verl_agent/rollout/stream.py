@@ -181,9 +181,12 @@ class RolloutStream:
             return
         if task.exception() is not None:  # AgentLoop.run never raises for a trajectory; this is a bug
             logger.error("rollout of %s raised: %r", fed.sample.uid, task.exception())
+            # stamped with the version it started under: with none generated, it is as fresh as its start, so
+            # take() counts the infra failure instead of calling it stale (or a loop that forgot the version)
             trajs = [Trajectory(uid=fed.sample.uid, prompt_ids=[], response_ids=[], loss_mask=[], rollout_logprobs=[],
                                 stop_reason="error", outcome="infra_failure", cause="agent_loop_error",
-                                error=repr(task.exception())) for _ in range(fed.n)]  # fmt: skip
+                                error=repr(task.exception()), data_source=fed.sample.data_source,
+                                policy_version=fed.started_at) for _ in range(fed.n)]  # fmt: skip
         else:
             trajs = task.result().trajectories
         self.ready.append(Group(fed.batch, fed.position, fed.sample, trajs, fed.sampling, fed.started_at))

@@ -211,8 +211,12 @@ def _chunks(seqs: list[TrainSeq], k: int) -> list[list[TrainSeq]]:
 
 
 def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[TrainSeq], cfg, temperature: float,
-                 device: torch.device, n_minibatches: int, mb: MicroBatching) -> dict[str, float]:
+                 device: torch.device, n_minibatches: int, mb: MicroBatching, *, loss_scale_factor: float
+                 ) -> dict[str, float]:  # fmt: skip
     """ppo_epochs x mini-batches of clipped policy-gradient steps (``cfg`` = ActorConfig).
+
+    ``loss_scale_factor`` (data.max_response_length): the constant divisor of seq-mean-token-sum-norm, the
+    same for every micro-batch whatever its padded width (see ``agg_loss``).
 
     Metrics stay on the device until the end (one synchronisation per optimizer step, for the
     gradient norm), so the host keeps queueing kernels while the device computes.
@@ -223,7 +227,8 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
         for mini in _chunks(seqs, n_minibatches):
             gtok, gseq = _global_counts(mini)
             for micro in micro_batches(mini, mb):
-                loss, m = _actor_loss(model, micro or [_DUMMY], cfg, temperature, device, gtok, gseq)
+                loss, m = _actor_loss(model, micro or [_DUMMY], cfg, temperature, device, gtok, gseq,
+                                      loss_scale_factor)
                 loss.backward()
                 tokens = float(sum(s.loss_mask.sum() for s in micro))
                 for k, v in m.items():
@@ -235,7 +240,7 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
 
 
 def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float, device: torch.device,
-                gtok: float, gseq: float) -> tuple[Tensor, dict[str, Tensor]]:
+                gtok: float, gseq: float, loss_scale_factor: float) -> tuple[Tensor, dict[str, Tensor]]:
     """The actor objective of one micro-batch; a missing old log-prob is the current one, detached.
 
     On that on-policy shortcut no separate log-prob pass ran, so the health metrics it would have
@@ -258,6 +263,7 @@ def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float,
         entropy_coeff=cfg.entropy_coeff,
         ref_log_prob=_pad([s.ref_log_probs for s in real], device) if kl_coef else None, kl_loss_coef=kl_coef,
         kl_loss_type=cfg.kl_loss_type, global_token_count=gtok, global_seq_count=gseq,
+        loss_scale_factor=loss_scale_factor,
     )  # fmt: skip
     if on_policy:  # token means of this micro-batch (update_actor weights them by its tokens)
         tokens = mask.sum().clamp(min=1)
@@ -276,8 +282,10 @@ def _pad(values: list[Tensor], device: torch.device) -> Tensor:
 
 
 def update_critic(critic: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[TrainSeq], cfg, grad_clip: float,
-                  device: torch.device, n_minibatches: int, epochs: int, mb: MicroBatching) -> dict[str, float]:
-    """Clipped value regression on the GAE returns (``cfg`` = CriticConfig)."""
+                  device: torch.device, n_minibatches: int, epochs: int, mb: MicroBatching, *,
+                  loss_scale_factor: float) -> dict[str, float]:
+    """Clipped value regression on the GAE returns (``cfg`` = CriticConfig); ``loss_scale_factor`` as in
+    ``update_actor``."""
     sums: dict[str, float] = defaultdict(float)
     critic.train()
     for _ in range(epochs):
@@ -288,7 +296,8 @@ def update_critic(critic: nn.Module, optimizer: torch.optim.Optimizer, seqs: lis
                 pad = lambda name: _pad([getattr(s, name) for s in real], device)  # noqa: E731
                 loss, m = value_loss(pad_field(forward_values(critic, real, device)), pad("old_values"), pad("returns"),
                                      pad("loss_mask"), cfg.cliprange_value, cfg.loss_agg_mode,
-                                     global_token_count=gtok, global_seq_count=gseq)  # fmt: skip
+                                     global_token_count=gtok, global_seq_count=gseq,
+                                     loss_scale_factor=loss_scale_factor)  # fmt: skip
                 loss.backward()
                 tokens = float(sum(s.loss_mask.sum() for s in micro))
                 sums["vf_loss"] = sums["vf_loss"] + loss.detach()

@@ -46,16 +46,18 @@ def actor_loss(
     entropy: Tensor | None = None, entropy_coeff: float = 0.0,
     ref_log_prob: Tensor | None = None, kl_loss_coef: float = 0.0, kl_loss_type: str = "low_var_kl",
     global_token_count: float | Tensor | None = None, global_seq_count: float | Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """pg_loss - entropy_coeff * entropy + kl_loss_coef * KL(pi || ref), each aggregated by ``loss_agg_mode``.
 
     ``entropy`` is the per-token entropy [B, T] (``entropy_from_logits``), used
     when ``entropy_coeff`` != 0; ``ref_log_prob`` is used when ``kl_loss_coef``
-    != 0 (``actor.use_kl_loss``). The global counts make micro-batch losses
-    summable (see ``agg_loss``). Metrics: pg_loss, pg_clipfrac, ppo_kl,
+    != 0 (``actor.use_kl_loss``). The global counts and ``loss_scale_factor`` make
+    micro-batch losses summable (see ``agg_loss``). Metrics: pg_loss, pg_clipfrac, ppo_kl,
     pg_clipfrac_lower, and entropy / kl_loss when used (detached).
     """
-    counts = {"global_token_count": global_token_count, "global_seq_count": global_seq_count}
+    counts = {"global_token_count": global_token_count, "global_seq_count": global_seq_count,
+              "loss_scale_factor": loss_scale_factor}
     pg, metrics = compute_policy_loss(
         loss_mode, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=clip_ratio_low,
         clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode, **counts)

@@ -256,10 +256,11 @@ class WorkerGroup:
     def save_checkpoint(self, path: str) -> None:
         self._get([w.save_checkpoint.remote(path) for w in self.workers], "save_checkpoint")
 
-    def load_checkpoint(self, path: str) -> None:
-        self._get([w.load_checkpoint.remote(path) for w in self.workers], "load_checkpoint")
+    def load_checkpoint(self, path: str, step: int) -> None:
+        """Load the checkpoint written at `step` (from its driver_state.json); the engines hold policy `step`."""
+        self._get([w.load_checkpoint.remote(path, step) for w in self.workers], "load_checkpoint")
         if self.rollouts:
-            self.sync_weights(version=int(path.rstrip("/").rsplit("_", 1)[1]) if "global_step_" in path else 0)
+            self.sync_weights(version=step)
 
     def export_hf(self, path: str) -> str:
         """Rank 0's export path."""

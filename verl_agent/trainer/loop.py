@@ -319,7 +319,7 @@ def _restore_metrics_line(tracker: Tracker, step: int, saved: dict[str, float] |
 
 def _resume(group: WorkerGroup, dataset, path: Path) -> dict:
     state = json.loads((path / "driver_state.json").read_text())
-    group.load_checkpoint(str(path))
+    group.load_checkpoint(str(path), state["step"])
     dataset.load_state_dict(state["data"])
     ckpt.restore_driver_rng(state)
     logger.info("resumed from %s (step %d)", path, state["step"])

@@ -52,14 +52,16 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 def agg_loss(
     loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", *,
     global_token_count: float | Tensor | None = None, global_seq_count: float | Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> Tensor:
     """Reduce a ``[B, T]`` per-token loss to a scalar (``actor.loss_agg_mode``).
 
     ``token-mean``: sum over all model tokens / number of model tokens.
     ``seq-mean-token-sum``: per sequence sum of tokens, mean over sequences.
     ``seq-mean-token-mean``: per sequence mean of tokens, mean over sequences.
-    ``seq-mean-token-sum-norm``: per sequence sum / T (Dr. GRPO's constant normaliser), mean over
-    sequences; T is the padded width, so give every micro-batch the same width for invariance.
+    ``seq-mean-token-sum-norm``: per sequence sum / ``loss_scale_factor`` (Dr. GRPO's constant
+    normaliser, the trainer passes data.max_response_length as verl does), mean over sequences.
+    Without it the divisor is T, the padded width, which differs between micro-batches.
 
     Sequences without any model token (e.g. a filtered group) do not count in a
     sequence mean. For gradient accumulation pass the totals of the whole step
@@ -79,7 +81,7 @@ def agg_loss(
     if mode == "seq-mean-token-mean":
         per_seq = per_seq / tokens.clamp(min=1).to(loss_mat.dtype)
     elif mode == "seq-mean-token-sum-norm":
-        per_seq = per_seq / loss_mat.shape[-1]
+        per_seq = per_seq / (loss_mat.shape[-1] if loss_scale_factor is None else loss_scale_factor)
     nseq = (tokens > 0).sum() if global_seq_count is None else global_seq_count
     return per_seq.sum() / _as_denominator(nseq, loss_mat)
 
@@ -201,6 +203,7 @@ class PolicyLossFn(Protocol):
         self, old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
         clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None, loss_agg_mode: str,
         global_token_count: float | Tensor | None = None, global_seq_count: float | Tensor | None = None,
+        loss_scale_factor: float | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
@@ -244,6 +247,7 @@ def vanilla_policy_loss(
     clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float | None = 3.0,
     loss_agg_mode: str = "token-mean",
     global_token_count: float | Tensor | None = None, global_seq_count: float | Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with asymmetric bounds (DAPO clip-higher) and dual clip.
 
@@ -268,7 +272,8 @@ def vanilla_policy_loss(
     else:
         metrics["pg_clipfrac_lower"] = torch.zeros((), device=log_prob.device)
     loss = agg_loss(clipped, response_mask, loss_agg_mode,
-                    global_token_count=global_token_count, global_seq_count=global_seq_count)
+                    global_token_count=global_token_count, global_seq_count=global_seq_count,
+                    loss_scale_factor=loss_scale_factor)
     return loss, metrics
 
 
@@ -278,6 +283,7 @@ def gspo_policy_loss(
     clip_ratio_low: float = 3e-4, clip_ratio_high: float = 4e-4, clip_ratio_c: float | None = None,
     loss_agg_mode: str = "seq-mean-token-mean",
     global_token_count: float | Tensor | None = None, global_seq_count: float | Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (arXiv:2507.18071): clip a sequence-level ratio s = exp(mean_t log r_t).
 
@@ -297,7 +303,8 @@ def gspo_policy_loss(
     loss1 = -advantages * s
     loss2 = -advantages * s.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
     loss = agg_loss(torch.maximum(loss1, loss2), response_mask, loss_agg_mode,
-                    global_token_count=global_token_count, global_seq_count=global_seq_count)
+                    global_token_count=global_token_count, global_seq_count=global_seq_count,
+                    loss_scale_factor=loss_scale_factor)
     metrics = {"pg_clipfrac": masked_mean((loss2 > loss1).float(), response_mask).detach(),
                "ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
                "pg_clipfrac_lower": torch.zeros((), device=log_prob.device)}
@@ -307,7 +314,7 @@ def gspo_policy_loss(
 def value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, cliprange_value: float | None,
     loss_agg_mode: str = "token-mean", *, global_token_count: float | Tensor | None = None,
-    global_seq_count: float | Tensor | None = None,
+    global_seq_count: float | Tensor | None = None, loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Critic loss 0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2), PPO's clipped value loss.
 
@@ -323,5 +330,6 @@ def value_loss(
         per_token = torch.maximum(loss1, loss2)
         clipfrac = masked_mean((loss2 > loss1).float(), mask).detach()
     loss = 0.5 * agg_loss(per_token, mask, loss_agg_mode,
-                          global_token_count=global_token_count, global_seq_count=global_seq_count)
+                          global_token_count=global_token_count, global_seq_count=global_seq_count,
+                          loss_scale_factor=loss_scale_factor)
     return loss, {"vf_clipfrac": clipfrac}

@@ -78,25 +78,20 @@ def assign_advantages(seqs: list[TrainSeq], algo, kl_coef: float, all_reduce: Al
         kl_mean = float(tot[2] / tot[3].clamp(min=1))
     for s, r in zip(seqs, token_rewards):
         s.extra["final_reward"] = float(r.sum())
-    if seqs:
-        values = pad_field([s.old_values for s in seqs]) if algo.adv_estimator == "gae" else None
-        adv, ret = compute_advantages(
-            algo.adv_estimator, response_mask=mask, token_rewards=token_rewards, group_index=[s.uid for s in seqs],
-            values=values, gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-            all_reduce=all_reduce, turn_index=turn_index(seqs, mask.shape[1]), turn_keys=[s.turn_keys for s in seqs],
-            step_weight=algo.gigpo.step_weight, timestep_unit=algo.gae_timestep_unit,
-        )  # fmt: skip
-        for i, s in enumerate(seqs):
-            s.advantages, s.returns = adv[i, : s.response_len].clone(), ret[i, : s.response_len].clone()
-        abs_sum = float((adv.abs() * mask).sum())
-    else:  # still take part in the collectives of the others
-        if algo.adv_estimator not in GROUP_ESTIMATORS:
-            empty = torch.zeros(0, 1)
-            compute_advantages(algo.adv_estimator, response_mask=empty, token_rewards=empty, group_index=[],
-                               values=empty if algo.adv_estimator == "gae" else None, gamma=algo.gamma,
-                               lam=algo.lam, all_reduce=all_reduce, timestep_unit=algo.gae_timestep_unit,
-                               turn_index=torch.full((0, 1), -1, dtype=torch.long))  # fmt: skip
-        abs_sum = 0.0
+    # Every rank runs the estimator, an empty one too: whitening estimators all-reduce inside
+    # (masked_whiten), so a rank that skipped it would leave the others' collectives out of step.
+    values = None
+    if algo.adv_estimator == "gae":
+        values = pad_field([s.old_values for s in seqs]) if seqs else torch.zeros_like(mask)
+    adv, ret = compute_advantages(
+        algo.adv_estimator, response_mask=mask, token_rewards=token_rewards, group_index=[s.uid for s in seqs],
+        values=values, gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+        all_reduce=all_reduce, turn_index=turn_index(seqs, mask.shape[1]), turn_keys=[s.turn_keys for s in seqs],
+        step_weight=algo.gigpo.step_weight, timestep_unit=algo.gae_timestep_unit,
+    )  # fmt: skip
+    for i, s in enumerate(seqs):
+        s.advantages, s.returns = adv[i, : s.response_len].clone(), ret[i, : s.response_len].clone()
+    abs_sum = float((adv.abs() * mask).sum())
     tot = all_reduce(torch.tensor([abs_sum, float(mask.sum())], dtype=torch.float64))
     metrics["actor/advantage_abs_mean"] = float(tot[0] / tot[1].clamp(min=1))
     return metrics, kl_mean

@@ -317,17 +317,19 @@ class TrainWorker:
     def update(self, n_minibatches: int, step: int, update_actor_now: bool = True) -> dict[str, float]:
         """Critic then actor updates on this rank's sequences; one LR-scheduler step each."""
         arr, metrics = self.cfg.actor_rollout_ref, {}
+        norm = self.cfg.data.max_response_length  # seq-mean-token-sum-norm's constant divisor (verl's padded width)
         seqs = list(self.seqs)
         if arr.actor.shuffle:  # the same order on a rerun: seeded by (seed, step, rank)
             random.Random(f"{self.cfg.trainer.seed}:{step}:{self.rank}").shuffle(seqs)
         if self.critic is not None:
             c = self.cfg.critic
             metrics.update(update_critic(self.critic, self.critic_optim, seqs, c, arr.actor.grad_clip, self.device,
-                                         n_minibatches, c.ppo_epochs or arr.actor.ppo_epochs, self.mb_critic))
+                                         n_minibatches, c.ppo_epochs or arr.actor.ppo_epochs, self.mb_critic,
+                                         loss_scale_factor=norm))
             self.critic_sched.step()
         if update_actor_now:
             metrics.update(update_actor(self.actor, self.optim, seqs, arr.actor, self.agent_temperature, self.device,
-                                        n_minibatches, self.mb))
+                                        n_minibatches, self.mb, loss_scale_factor=norm))
             metrics["lr"] = self.sched.get_last_lr()[0]
             self.sched.step()
         self.seqs = []
@@ -455,7 +457,8 @@ class TrainWorker:
         save_object(extra, path / f"extra_rank{self.rank}.pt")
         dist.barrier()
 
-    def load_checkpoint(self, path: str) -> None:
+    def load_checkpoint(self, path: str, step: int) -> None:
+        """Load the checkpoint of `step` (its driver state's step: the engine's policy version from here on)."""
         path = Path(path)
         ckpt.load_shards(path, "actor", self.actor, self.optim)
         saved_ranks = len(list(path.glob("extra_rank*.pt")))
@@ -465,7 +468,7 @@ class TrainWorker:
         if self.critic is not None:
             ckpt.load_shards(path, "critic", self.critic, self.critic_optim)
             self.critic_sched.load_state_dict(extra["critic_sched"])
-        self.version = int(path.name.rsplit("_", 1)[1]) if path.name.startswith("global_step_") else 0
+        self.version = step  # not parsed from the folder name: resume_from_path may name it anything
         if self.rollout is not None:  # split: the driver pushes the weights to the rollout workers
             self.sync_weights(self.version)
 
