@@ -164,6 +164,8 @@ def test_unimplemented_values_are_refused_naming_the_key(override, key, hint):
     (["trainer.total_training_steps=-3"], "trainer.total_training_steps=-3: Input should be greater"),
     (["actor_rollout_ref.rollout.multi_turn.format=hermse"], "format='hermse': Value error, unknown tool-call format"),
     (["trainer.mode=async", "actor_rollout_ref.actor.old_log_prob_source=rollout"], "the rollout correction"),
+    (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.fsdp_config.param_offload=true"],
+     "CPU offload runs on one GPU only (2 workers here)"),
 ])
 def test_values_that_cannot_work_are_refused(overrides, message):
     """Values that used to load and then misbehave quietly (an empty validation, a turn cap of 1, a parser

@@ -87,7 +87,7 @@ class OptimConfig(Section):
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = 0.0
     betas: list[float] = Field(default_factory=lambda: [0.9, 0.999])
-    lr_warmup_steps: int = 0
+    lr_warmup_steps: int = Field(0, ge=-1, description="0 or -1 (verl's default): lr_warmup_steps_ratio decides")
     lr_warmup_steps_ratio: float = 0.0
     lr_scheduler_type: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = 0.0
@@ -474,6 +474,9 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
                f"HSDP is not implemented: use -1 (shard over all {c.world_size} workers)")
         refuse(fsdp.param_offload and not gpu, f"{key}.param_offload", True,
                "FSDP2 CPU offload needs GPU workers (trainer.n_gpus_per_node > 0); on CPU everything is on CPU")
+        refuse(fsdp.param_offload and gpu and c.world_size > 1, f"{key}.param_offload", True,
+               f"CPU offload runs on one GPU only ({c.world_size} workers here): with several, gradient clipping and "
+               "the weight push would run NCCL collectives on CPU tensors")
         refuse(fsdp.optimizer_offload and not fsdp.param_offload, f"{key}.optimizer_offload", True,
                "FSDP2 offloads parameters, gradients and optimizer state together: set param_offload=true")
     refuse(bool(set(c.trainer.logger) - {"console", "tensorboard"}), "trainer.logger", c.trainer.logger,

@@ -175,6 +175,36 @@ async def test_update_weights_sleep_wake_close(small_model, scheduler):
         await engine.generate(PROMPTS[1], sp)
 
 
+async def test_engine_dtype_casts_parameters_not_the_rotary_buffer():
+    """rollout.dtype=bfloat16 on a float32 model: the weights become bf16, the rotary inv_freq stays float32 as
+    in the trainer's actor (a bf16 copy puts the phase off by radians a few thousand positions in)."""
+    model = random_qwen2(seed=4)
+    engine = HFEngine(model, dtype="bfloat16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    await engine.close()
+
+
+def test_attention_the_continuous_scheduler_cannot_reproduce_is_refused():
+    """A sliding window shorter than a sequence's slot, or logit soft-capping, would sample other tokens than
+    the trainer scores: refused by name; a window at least the slot length, or the batch scheduler, runs."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    def mistral(**kw):
+        cfg = MistralConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **kw)
+        return MistralForCausalLM(cfg).eval()
+
+    with pytest.raises(ValueError, match="sliding window of 8 tokens, shorter than the 256"):
+        HFEngine(mistral(sliding_window=8))
+    HFEngine(mistral(sliding_window=4096))
+    HFEngine(mistral(sliding_window=8), scheduler="batch")
+    model = random_qwen2()
+    model.config.attn_logit_softcapping = 50.0
+    with pytest.raises(ValueError, match="attn_logit_softcapping"):
+        HFEngine(model)
+
+
 async def test_close_during_a_batch_aborts_its_requests():
     """"batch" scheduler: close() while a batch is inside the model returns "abort" (no tokens) to each of its
     generate() calls at once, as it does for queued requests; before, they waited forever. The real forward

@@ -118,9 +118,15 @@ def sglang_server_args(rollout: RolloutConfig) -> list[str]:
     """The command-line flags an SGLang server gets from the rollout config (after sglang.extra_args, which
     win: on GPU add --enable-memory-saver there so that sleep() frees memory)."""
     extra = list(rollout.sglang.extra_args)
-    if "--mem-fraction-static" not in extra:
+
+    def given(flag: str) -> bool:  # "--flag value" or "--flag=value"
+        return any(a == flag or a.startswith(flag + "=") for a in extra)
+
+    if not given("--mem-fraction-static"):
         extra += ["--mem-fraction-static", str(rollout.gpu_memory_utilization)]
-    if rollout.enable_torch_compile and "--enable-torch-compile" not in extra:
+    if rollout.dtype is not None and not given("--dtype"):  # else the checkpoint's dtype, not what is pushed
+        extra += ["--dtype", rollout.dtype]
+    if rollout.enable_torch_compile and not given("--enable-torch-compile"):
         extra.append("--enable-torch-compile")
     return extra
 

@@ -66,8 +66,11 @@ def _load(model: str | Path | Any, device: str, dtype: str | torch.dtype | None)
 
         kwargs = {"dtype": dtype} if dtype is not None else {}
         model = AutoModelForCausalLM.from_pretrained(str(model), **kwargs)
-    elif dtype is not None:
-        model = model.to(dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    elif dtype is not None:  # parameters only: float32 buffers (rotary inv_freq) stay as the trainer has them
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
     return model.to(device).eval()
 
 
@@ -77,6 +80,24 @@ def _eos_ids(model: Any) -> list[int]:
     if eos is None:
         return []
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def _refuse_unsupported_attention(config: Any, length: int) -> None:
+    """The continuous scheduler's attention (kv_pool.slot_attention) sees every earlier token, unscaled: a
+    sliding window shorter than the sequences it will hold, or logit soft-capping, would give other tokens
+    and log-probs than the trainer computes. Refused, naming the setting, instead of training on them."""
+    window, types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
+    if types:  # per-layer kinds (Gemma2/3, Qwen2 with use_sliding_window)
+        sliding = "sliding_attention" in types
+    else:  # Mistral-style: a window on every layer when set
+        sliding = window is not None and getattr(config, "use_sliding_window", True) is not False
+    if sliding and window is not None and window < length:
+        raise ValueError(f"HFEngine: the model attends through a sliding window of {window} tokens, shorter than "
+                         f"the {length} the continuous scheduler holds per sequence; use rollout.scheduler=batch "
+                         "(the model's own attention) or the sglang engine")
+    if getattr(config, "attn_logit_softcapping", None):
+        raise ValueError("HFEngine: attention logit soft-capping (attn_logit_softcapping) is not implemented by the "
+                         "continuous scheduler; use rollout.scheduler=batch or the sglang engine")
 
 
 class HFEngine:
@@ -164,6 +185,7 @@ class HFEngine:
                 self.model, max_num_seqs or max_batch_size, min(max_model_len or min(limit, 4096), limit),
                 gpu_memory_utilization, kv_cache_bytes,
             )  # fmt: skip
+            _refuse_unsupported_attention(self.model.config, budget.length)
             logger.info("HFEngine continuous batching: %s", budget.describe())
             self._batcher = ContinuousBatcher(
                 self.model, budget, pad_id=self.settings.pad_token_id, cache_kw=_cache_kw(self.model),

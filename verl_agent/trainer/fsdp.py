@@ -124,7 +124,7 @@ def _gather_flat(bucket: list[tuple[str, Tensor]], mesh, dtype: torch.dtype | No
     layout, total = [], 0  # per param: offset in a rank's segment, rows per rank, elements per row
     for _, p in bucket:
         rows = -(-p.shape[0] // world)
-        per_row = p[0].numel() if p.dim() > 1 else 1
+        per_row = math.prod(p.shape[1:])  # not p[0].numel(): indexing a DTensor gathers all of it
         layout.append((total, rows, per_row))
         total += rows * per_row
     local0 = bucket[0][1].to_local()
@@ -143,8 +143,10 @@ def _gather_flat(bucket: list[tuple[str, Tensor]], mesh, dtype: torch.dtype | No
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup (lr_warmup_steps, or lr_warmup_steps_ratio of total) then constant or cosine to min_lr_ratio."""
-    warmup = optim_cfg.lr_warmup_steps or int(optim_cfg.lr_warmup_steps_ratio * total_steps)
+    """Linear warmup (lr_warmup_steps; 0 or verl's -1: lr_warmup_steps_ratio of total) then constant or cosine
+    to min_lr_ratio."""
+    steps = optim_cfg.lr_warmup_steps
+    warmup = steps if steps > 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
     total = optim_cfg.total_training_steps or total_steps
     kind, floor = optim_cfg.lr_scheduler_type, optim_cfg.min_lr_ratio
 
