@@ -41,7 +41,9 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class ClientLimits:
     connect_timeout: float = 5.0
-    request_slack: float = 30.0  # added to the run's own timeouts for the HTTP read timeout
+    # added to the run's own timeouts for the HTTP read timeout: at least what a server may add (its default
+    # queue_timeout 30 s + grace 5 s + crash back-off 1 s), or a queued request is sent again while it runs
+    request_slack: float = 45.0
     max_retries: int = 4
     overload_retry_s: float = 60.0  # keep retrying 503 + Retry-After (overload) answers this long
     backoff_base: float = 0.25
