@@ -45,12 +45,16 @@ def test_config_error_exits_2_with_hint(capsys):
 
 
 def test_tool_config_error_exits_2_without_traceback(capsys, monkeypatch, tiny_model_path):
-    """A tool file that does not exist is a user error (exit 2, one line naming the file), not a crash."""
+    """A tool file that does not exist is a user error (exit 2, one line naming the file), not a crash; overrides
+    may follow an option."""
     monkeypatch.chdir(ROOT)
-    assert main(["rollout", "examples/calculator/config.yaml", "data.val_batch_size=2",
-                 "actor_rollout_ref.rollout.multi_turn.tool_config_path=/nope/tools.yaml"]) == 2
+    assert main(["rollout", "examples/calculator/config.yaml", "--split", "val", "data.val_batch_size=2",
+                 "actor_rollout_ref.rollout.multi_turn.tool_config_path=/nope/tools.yaml"]) == 2  # after an option too
     err = capsys.readouterr().err
     assert "verl-agent: error: /nope/tools.yaml: cannot read" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):  # an unknown option is still refused
+        main(["config", "show", "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
 @pytest.mark.slow

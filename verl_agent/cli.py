@@ -149,7 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    # key=value overrides may also follow an option (`rollout c.yaml --split train a=1`): argparse leaves
+    # positionals after an option unmatched; anything else unknown is still an error
+    if rest and hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in rest):
+        args.overrides = [*args.overrides, *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from verl_agent.config import ConfigError

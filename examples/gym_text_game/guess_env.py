@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-_INTEGER = re.compile(r"-?\d+")
+_INTEGER = re.compile(r"(?<!\d)-?\d{1,18}(?!\d)")  # longer digit runs are no guess (int() refuses 4300+ digits)
 
 
 class GuessNumberGame(gymnasium.Env):

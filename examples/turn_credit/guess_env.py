@@ -39,7 +39,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-_INTEGER = re.compile(r"-?\d+")
+_INTEGER = re.compile(r"(?<!\d)-?\d{1,18}(?!\d)")  # longer digit runs are no guess (int() refuses 4300+ digits)
 SCORINGS = ("ruled_out", "halving")
 
 

@@ -35,6 +35,8 @@ def test_guess_number_game_rules():
     assert (r, term, trunc) == (0.0, False, True) and "the number was 7" in obs and info == {"turns": 3}
     env.reset(options={"secret": 2})
     assert env.step("2")[1:4] == (1.0, True, False)
+    env.reset(options={"secret": 2})  # a 5000-digit run is no guess (int() would raise: an env crash)
+    assert env.step("9" * 5000)[0].startswith("I could not find a number")
 
 
 def test_seed_determines_the_secret():

@@ -86,6 +86,12 @@ def test_cache_reuse_force_and_half_built_folders(tmp_path: Path, monkeypatch: p
     assert build_tiny(seed=0, settings=SHRUNK) == path and (path / INFO_FILE).exists()
     build_tiny(seed=0, force=True, settings=SHRUNK)
     assert (path / INFO_FILE).stat().st_mtime_ns != stamp
+    mine = tmp_path.parent / f"{tmp_path.name}-notes"  # a folder of the user's, outside the cache
+    (mine / "sub").mkdir(parents=True)
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a build of ours"):
+        build_tiny(out_dir=mine, seed=0, settings=SHRUNK)
+    assert (mine / "notes.txt").read_text() == "keep me" and (mine / "sub").is_dir()
 
 
 def test_cli_prints_both_rates(tiny_model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

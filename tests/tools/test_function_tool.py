@@ -117,6 +117,15 @@ async def test_nested_arguments_arrive_as_their_types():
         r = await s.call(ToolCall("place", {"at": {"x": 1.5}, "box": {"w": 2}}))
     assert (r.ok, r.text) == (True, "1.5,0.0 2x1")
 
+    @tool
+    def paint(color: Color, n: int) -> str:
+        """Paint n times."""
+        return f"{color.name} {type(n).__name__} {n}"
+
+    async with ToolSession({"paint": paint}, timeout=5) as s:  # an Enum arrives as its member, 3.0 as int 3
+        r = await s.call(ToolCall("paint", {"color": "red", "n": 3.0}))
+    assert (r.ok, r.text) == (True, "RED int 3")
+
 
 async def test_sync_functions_run_off_the_event_loop():
     seen = {}

@@ -19,7 +19,7 @@ from gymnasium import spaces
 __all__ = ["GuessNumberEnv", "ENV_ID"]
 
 ENV_ID = "verl_agent/GuessNumber-v0"
-_INT = re.compile(r"-?\d+")
+_INT = re.compile(r"(?<!\d)-?\d{1,18}(?!\d)")  # longer digit runs are no guess (int() refuses 4300+ digits)
 MAX_TEXT = 4096
 
 

@@ -84,6 +84,11 @@ def cached_build(target: Path, marker: str, build: Callable[[Path], None], force
     """
     if (target / marker).exists() and not force:
         return target
+    foreign = target.is_dir() and not (target / marker).exists() and any(target.iterdir())
+    if foreign and not target.resolve().is_relative_to(cache_root().resolve()):
+        # a folder the user named (--out) that is not a build of ours: never emptied to make room
+        raise FileExistsError(f"{target} holds files but no {marker}: it is not a build of ours, so it is not "
+                              "replaced; give a new or empty folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same folder: wait for it

@@ -25,8 +25,17 @@ MAX_NODES = 200
 MAX_INT_BITS = 4096  # ~1233 decimal digits
 MAX_EXPONENT = 10_000
 
+MAX_ROUND_DIGITS = 1000  # round(7, -10**9) would build 10**(10**9) first: a hang no tool timeout can stop
+
+
+def _round(x: Any, ndigits: Any = None) -> Any:
+    if ndigits is not None and isinstance(ndigits, int) and abs(ndigits) > MAX_ROUND_DIGITS:
+        raise CalculatorError(f"round to at most {MAX_ROUND_DIGITS} digits")
+    return round(x) if ndigits is None else round(x, ndigits)
+
+
 _FUNCS: dict[str, Callable[..., Any]] = {
-    "sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max, "floor": math.floor,
+    "sqrt": math.sqrt, "abs": abs, "round": _round, "min": min, "max": max, "floor": math.floor,
     "ceil": math.ceil, "log": math.log, "exp": math.exp, "sin": math.sin, "cos": math.cos, "tan": math.tan,
 }  # fmt: skip
 _CONSTS = {"pi": math.pi, "e": math.e}

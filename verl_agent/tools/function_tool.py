@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import inspect
 import json
 import re
@@ -141,8 +142,8 @@ def _is_verl_triple(resp: Any, reward: Any, metrics: Any) -> bool:
     return isinstance(resp, (str, ToolResponse)) and number and (metrics is None or isinstance(metrics, dict))
 
 
-def _object_converters(fn: Callable[..., Any]) -> dict[str, Callable[[dict], Any]]:
-    """Parameters typed as a dataclass or pydantic model: dict -> instance."""
+def _object_converters(fn: Callable[..., Any]) -> dict[str, Callable[[Any], Any]]:
+    """Parameters typed as a dataclass or pydantic model (dict -> instance) or an Enum (value -> member)."""
     try:
         hints = inspect.get_annotations(fn, eval_str=True)
     except Exception:
@@ -150,9 +151,11 @@ def _object_converters(fn: Callable[..., Any]) -> dict[str, Callable[[dict], Any
     out: dict[str, Callable[[dict], Any]] = {}
     for name, tp in hints.items():
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-            out[name] = lambda d, tp=tp: tp(**d)
+            out[name] = lambda v, tp=tp: tp(**v) if isinstance(v, dict) else v
         elif isinstance(tp, type) and hasattr(tp, "model_validate"):
-            out[name] = tp.model_validate
+            out[name] = lambda v, tp=tp: tp.model_validate(v) if isinstance(v, dict) else v
+        elif isinstance(tp, type) and issubclass(tp, enum.Enum):
+            out[name] = lambda v, tp=tp: v if isinstance(v, tp) else tp(v)
     return out
 
 
@@ -191,8 +194,8 @@ class FunctionTool(BaseTool):
         for k, v in kwargs.items():  # execute_kwargs fill hidden parameters (or **kwargs)
             if k in self._sig.parameters or self._accepts_any:
                 call[k] = v
-        for k, convert in self._converters.items():  # nested dataclass / pydantic arguments arrive as dicts
-            if isinstance(call.get(k), dict):
+        for k, convert in self._converters.items():  # dataclass / pydantic arguments arrive as dicts, Enums as values
+            if k in call:
                 call[k] = convert(call[k])
         if "instance_id" in self._sig.parameters:
             call["instance_id"] = instance_id

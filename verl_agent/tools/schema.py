@@ -196,6 +196,8 @@ def _check(s: JSONSchema, v: Any, path: str, errors: list[str]) -> Any:
         errors.append(f"{_where(path)}: {v!r} is not one of {s.enum}")
     if isinstance(v, bool):
         return v
+    if isinstance(v, float) and "integer" in types and "number" not in types:
+        v = int(v)  # accepted as an integer (3.0): handed on as one
     if isinstance(v, (int, float)):
         if s.minimum is not None and v < s.minimum:
             errors.append(f"{_where(path)}: {v} is below the minimum {s.minimum:g}")
