@@ -90,6 +90,55 @@ async def _compare_continuous() -> None:
         await e.close()
 
 
+async def _decode_beside_training() -> None:
+    """The decode thread has its own stream: with seconds of another thread's kernels queued on the default
+    stream (the async trainer's update), generation finishes before them; weights the trainer writes on its
+    stream and hands over at once are what the engine then samples with."""
+    import time
+
+    from verl_agent.rollout.engine import SamplingParams
+    from verl_agent.rollout.hf_engine import HFEngine
+
+    model = _model()
+    engine = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=32)
+    prompts = [[(5 * i + j) % 1000 + 2 for j in range(4 + i)] for i in range(8)]
+    await asyncio.gather(*(engine.generate(p, sp) for p in prompts))  # warm: graphs captured
+    a = torch.randn(8192, 8192, device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    a @ a
+    torch.cuda.synchronize()
+    per_matmul = time.perf_counter() - t0
+    for _ in range(max(1, int(3.0 / per_matmul))):  # about 3 s of queued work on the default stream
+        a @ a
+    t0 = time.perf_counter()
+    await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+    generated_s = time.perf_counter() - t0
+    assert not torch.cuda.default_stream().query(), "decoding waited for the default stream's kernels"
+    torch.cuda.synchronize()
+    assert generated_s < 1.5, generated_s
+
+    # new weights written by a slow kernel chain on the default stream and handed over without a sync
+    ref = _model()
+    for p in ref.parameters():
+        p.data.mul_(0.5)
+    eager = HFEngine(ref, device="cuda", stop_on_eos=False, max_model_len=512, compile=False)
+    expected = await asyncio.gather(*(eager.generate(p, sp) for p in prompts[:2]))
+    await eager.close()
+    for _ in range(max(1, int(1.0 / per_matmul))):
+        a @ a  # delays the writes below on the default stream
+    named = [(n, t.detach().clone().mul_(1.0)) for n, t in ref.state_dict().items()]
+    await engine.update_weights(named)
+    got = await asyncio.gather(*(engine.generate(p, sp) for p in prompts[:2]))
+    assert [g.token_ids for g in got] == [e.token_ids for e in expected]
+    await engine.close()
+
+
+def test_decode_does_not_wait_for_the_default_stream() -> None:
+    asyncio.run(_decode_beside_training())
+
+
 def test_continuous_graphs_match_eager_and_batch() -> None:
     asyncio.run(_compare_continuous())
 
@@ -103,3 +152,5 @@ if __name__ == "__main__":
     print("GPU fast path OK")
     asyncio.run(_compare_continuous())
     print("GPU continuous path OK")
+    asyncio.run(_decode_beside_training())
+    print("GPU decode beside the default stream OK")

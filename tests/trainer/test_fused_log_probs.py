@@ -111,3 +111,38 @@ def test_update_without_old_log_probs_equals_ratio_one(dev_model_path, random_se
     assert out[0]["ppo_kl"] == 0.0
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_correction_inside_the_update_equals_a_log_prob_pass(dev_model_path, random_seqs, level) -> None:
+    """Async modes on the shortcut: the update weighs pi_old / pi_engine itself, from its own forward; same
+    parameters and the same rollout_is/* metrics as a separate log-prob pass + prepare.apply_rollout_correction."""
+    from transformers import AutoModelForCausalLM
+
+    from verl_agent.config import ActorConfig
+    from verl_agent.trainer.prepare import apply_rollout_correction
+
+    cfg = ActorConfig(grad_clip=100.0)
+    a = AutoModelForCausalLM.from_pretrained(dev_model_path, dtype=torch.float32)
+    b = copy.deepcopy(a)
+    seqs_a, seqs_b = _seqs(random_seqs), _seqs(random_seqs)
+    with torch.no_grad():
+        old, _ = forward_log_probs(b, seqs_b, 1.0, torch.device("cpu"))
+    g = torch.Generator().manual_seed(5)
+    for sa, sb, lp in zip(seqs_a, seqs_b, old):  # an engine one version behind: log-probs off by up to 0.3
+        sa.rollout_log_probs = sb.rollout_log_probs = lp + 0.3 * (torch.rand(lp.shape, generator=g) - 0.5)
+        sb.old_log_probs = lp
+    threshold = 1.05 if level == "token" else 1.0  # some weights capped, not all
+    expected = apply_rollout_correction(seqs_b, level, threshold)
+    assert 0 < expected["rollout_is/capped_fraction"] < 1
+    mb = MicroBatching(dynamic=True, max_tokens=40)
+    out = []
+    for model, seqs, is_arg in ((a, seqs_a, (level, threshold)), (b, seqs_b, None)):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        out.append(update_actor(model, opt, seqs, cfg, 1.0, torch.device("cpu"), 1, mb, loss_scale_factor=256,
+                                rollout_is=is_arg))
+    for key, value in expected.items():
+        assert out[0][key] == pytest.approx(value, rel=1e-5), key
+    assert out[0]["grad_norm"] == pytest.approx(out[1]["grad_norm"], rel=1e-5)
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)

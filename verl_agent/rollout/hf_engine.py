@@ -165,8 +165,14 @@ class HFEngine:
         self._static = StaticState()
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
-        # One dedicated decode thread: CUDA-graph state (cudagraph trees) is thread-local.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine-decode")
+        # One dedicated decode thread: CUDA-graph state (cudagraph trees) is thread-local. On CUDA it launches
+        # on a high-priority stream of its own: while the trainer trains on the default stream (async modes),
+        # a decode step neither queues behind the update's kernels nor waits for them when it reads its tokens.
+        self._stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights just loaded
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine-decode",
+                                            initializer=self._enter_stream)
         self._pending: list[_Request] = []
         self._event: asyncio.Event | None = None
         self._server: asyncio.Task | None = None
@@ -289,6 +295,8 @@ class HFEngine:
                 if p.shape != shape:  # room for update_weights to fill
                     p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
             self.model.to(self.device)
+            if self._stream is not None:  # moved on this thread's stream; the decode thread reads them on its own
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))
             self._asleep = False
 
     async def close(self) -> None:
@@ -377,6 +385,10 @@ class HFEngine:
             if not r.future.done():
                 r.future.set_result(out)
 
+    def _enter_stream(self) -> None:
+        if self._stream is not None:
+            torch.cuda.set_stream(self._stream)
+
     def _load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
         state = self.model.state_dict()
         unknown = [n for n, _ in named if n not in state]
@@ -390,9 +402,13 @@ class HFEngine:
                     f"HFEngine.update_weights: {name} has shape {tuple(tensor.shape)}, "
                     f"expected {tuple(state[name].shape)}"
                 )
+        if self._stream is not None:  # the tensors come from another thread's stream: wait until they are written
+            torch.cuda.synchronize(self.device)
         with torch.no_grad():
             for name, tensor in named:
                 state[name].copy_(tensor.detach().to(device=state[name].device, dtype=state[name].dtype))
+        if self._stream is not None:  # ... and the caller may free or overwrite them once we return
+            self._stream.synchronize()
         if self._discarded:  # a tied parameter is loaded under either of its names
             params = dict(self.model.named_parameters(remove_duplicate=False))
             loaded = {id(params[name]) for name, _ in named if name in params}

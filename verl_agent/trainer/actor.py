@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from verl_agent.trainer.algorithms import actor_loss, entropy_from_logits, value_loss
 from verl_agent.trainer.losses import chunked_log_probs
 from verl_agent.trainer.batch import TrainSeq, pad_field
+from verl_agent.trainer.prepare import rollout_is_metrics, rollout_is_stats, rollout_is_weights
 
 __all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "forward_values", "micro_batches", "update_actor",
            "update_critic"]
@@ -211,24 +212,30 @@ def _chunks(seqs: list[TrainSeq], k: int) -> list[list[TrainSeq]]:
 
 
 def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[TrainSeq], cfg, temperature: float,
-                 device: torch.device, n_minibatches: int, mb: MicroBatching, *, loss_scale_factor: float
-                 ) -> dict[str, float]:  # fmt: skip
+                 device: torch.device, n_minibatches: int, mb: MicroBatching, *, loss_scale_factor: float,
+                 rollout_is: tuple[str, float] | None = None) -> dict[str, float]:  # fmt: skip
     """ppo_epochs x mini-batches of clipped policy-gradient steps (``cfg`` = ActorConfig).
 
     ``loss_scale_factor`` (data.max_response_length): the constant divisor of seq-mean-token-sum-norm, the
     same for every micro-batch whatever its padded width (see ``agg_loss``).
 
+    ``rollout_is`` (level, threshold): the rollout correction of sequences on the on-policy shortcut, whose
+    old log-probs are this forward's own: each token's advantage is scaled by the capped weight
+    pi_old / pi_engine here (what `prepare.apply_rollout_correction` does when a log-prob pass ran), and the
+    ``rollout_is/*`` metrics are reduced over all ranks (collective: every rank passes the same value).
+
     Metrics stay on the device until the end (one synchronisation per optimizer step, for the
     gradient norm), so the host keeps queueing kernels while the device computes.
     """
     sums: dict[str, float | Tensor] = defaultdict(float)
+    is_stats = torch.zeros(4, dtype=torch.float64, device=device)  # see prepare.rollout_is_stats
     model.train()
     for _ in range(cfg.ppo_epochs):
         for mini in _chunks(seqs, n_minibatches):
             gtok, gseq = _global_counts(mini)
             for micro in micro_batches(mini, mb):
                 loss, m = _actor_loss(model, micro or [_DUMMY], cfg, temperature, device, gtok, gseq,
-                                      loss_scale_factor)
+                                      loss_scale_factor, rollout_is, is_stats)
                 loss.backward()
                 tokens = float(sum(s.loss_mask.sum() for s in micro))
                 for k, v in m.items():
@@ -236,25 +243,41 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
                 sums["_tokens"] += tokens
             sums["grad_norm"] += _clip_and_step(model, optimizer, cfg.grad_clip)
             sums["_steps"] += 1
-    return _finish(sums)
+    out = _finish(sums)
+    if rollout_is is not None:
+        out.update(rollout_is_metrics(is_stats, lambda t, op="sum": _all_reduce(
+            t, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)))
+    return out
 
 
 def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float, device: torch.device,
-                gtok: float, gseq: float, loss_scale_factor: float) -> tuple[Tensor, dict[str, Tensor]]:
+                gtok: float, gseq: float, loss_scale_factor: float, rollout_is: tuple[str, float] | None = None,
+                is_stats: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """The actor objective of one micro-batch; a missing old log-prob is the current one, detached.
 
     On that on-policy shortcut no separate log-prob pass ran, so the health metrics it would have
-    given (entropy, engine-vs-actor log-prob gap) come from this forward, detached.
+    given (entropy, engine-vs-actor log-prob gap) come from this forward, detached, and so does the
+    rollout correction's weight (``rollout_is``; its statistics are added to ``is_stats``).
     """
     on_policy = real[0].old_log_probs is None
     logp, ent = forward_log_probs(model, real, temperature, device,
                                   with_entropy=cfg.entropy_coeff != 0 or on_policy)
     kl_coef = cfg.kl_loss_coef if cfg.use_kl_loss else 0.0
     old = [s.old_log_probs if s.old_log_probs is not None else lp.detach() for s, lp in zip(real, logp)]
+    advantages = [s.advantages for s in real]
+    if on_policy and rollout_is is not None:
+        level, threshold = rollout_is
+        advantages = []
+        for s, lp in zip(real, old):
+            w, raw = rollout_is_weights(lp, s.rollout_log_probs.to(device), s.loss_mask.to(device), level, threshold)
+            advantages.append(s.advantages.to(device) * w)
+            one = rollout_is_stats(w, raw, s.loss_mask.to(device), threshold)
+            is_stats[:3] += one[:3]
+            is_stats[3] = torch.maximum(is_stats[3], one[3])
     mask = _pad([s.loss_mask for s in real], device)
     loss, metrics = actor_loss(
         _pad(old, device), pad_field(logp),
-        _pad([s.advantages for s in real], device), mask,
+        _pad(advantages, device), mask,
         loss_mode=cfg.policy_loss.loss_mode,
         clip_ratio_low=cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio,
         clip_ratio_high=cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio,

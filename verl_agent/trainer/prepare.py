@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
+from torch import Tensor
 
 from verl_agent.protocol import SUCCESS_THRESHOLD, Trajectory
 from verl_agent.trainer.algorithms import (
@@ -29,7 +30,8 @@ from verl_agent.trainer.algorithms import (
 from verl_agent.trainer.batch import TrainSeq, from_trajectory, pad_field
 
 __all__ = ["GROUP_ESTIMATORS", "train_seqs", "assign_advantages", "filter_groups", "log_prob_metrics",
-           "apply_rollout_correction", "turn_token_rewards", "turn_index"]
+           "apply_rollout_correction", "rollout_is_weights", "rollout_is_stats", "rollout_is_metrics",
+           "turn_token_rewards", "turn_index"]
 
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_turn", "gigpo")
 
@@ -177,31 +179,51 @@ def log_prob_metrics(seqs: list[TrainSeq], all_reduce: AllReduce = _local) -> di
 
 
 
+def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, level: str, threshold: float
+                       ) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """One sequence's capped importance weights pi_old / pi_engine per token (token), or its capped product of
+    ratios on every token (sequence); 0 off the loss mask. Returns (weights, uncapped weights)."""
+    mask = mask.bool()
+    log_ratio = torch.where(mask, old_log_probs - rollout_log_probs, 0.0)
+    if level == "token":
+        raw = log_ratio.exp()
+    elif level == "sequence":
+        raw = log_ratio.sum().exp().expand_as(log_ratio)
+    else:
+        raise ValueError(f"algorithm.rollout_correction.rollout_is must be token or sequence, got {level!r}")
+    return torch.where(mask, raw.clamp(max=threshold), 0.0), raw
+
+
+def rollout_is_stats(weights: Tensor, raw: Tensor, mask: Tensor, threshold: float) -> Tensor:
+    """[sum of weights, tokens, capped tokens, max weight] of one sequence (float64, on the weights' device)."""
+    mask = mask.bool()
+    top = weights.max() if weights.numel() else weights.new_zeros(())
+    return torch.stack([weights.sum(), mask.sum(), (mask & (raw > threshold)).sum(), top]).double()
+
+
+def rollout_is_metrics(stats: Tensor, all_reduce: AllReduce = _local) -> dict[str, float]:
+    """The logged metrics from the summed `rollout_is_stats` of this rank (max in the last entry), all ranks."""
+    stats = stats.detach().cpu()
+    top, tot = all_reduce(stats[3:].clone(), "max"), all_reduce(stats[:3].clone())
+    tokens = float(tot[1]) or 1.0
+    return {"rollout_is/weight_mean": float(tot[0]) / tokens, "rollout_is/weight_max": float(top[0]),
+            "rollout_is/capped_fraction": float(tot[2]) / tokens}
+
+
 def apply_rollout_correction(seqs: list[TrainSeq], level: str, threshold: float, all_reduce: AllReduce = _local
                              ) -> dict[str, float]:  # fmt: skip
     """Decoupled PPO / truncated importance sampling: scale each token's advantage by the capped weight
     pi_old / pi_engine (token) or by its sequence's capped product of ratios (sequence).
 
     Scaling the advantage by w > 0 is the same as weighting the token's clipped PPO term by w, so the
-    loss functions stay untouched. Needs the actor's old log-probs (recomputed) and the engine's.
+    loss functions stay untouched. Needs the actor's old log-probs (recomputed) and the engine's; on the
+    on-policy shortcut (no old log-probs) the update applies the same weights itself (`update_actor`).
     """
-    stats = torch.zeros(4, dtype=torch.float64)  # sum of weights, tokens, capped tokens, max weight
+    stats = torch.zeros(4, dtype=torch.float64)
     for s in seqs:
-        mask = s.loss_mask.bool()
-        log_ratio = torch.where(mask, s.old_log_probs - s.rollout_log_probs, 0.0)
-        if level == "token":
-            raw = log_ratio.exp()
-        elif level == "sequence":
-            raw = log_ratio.sum().exp().expand_as(log_ratio)
-        else:
-            raise ValueError(f"algorithm.rollout_correction.rollout_is must be token or sequence, got {level!r}")
-        w = torch.where(mask, raw.clamp(max=threshold), 0.0)
+        w, raw = rollout_is_weights(s.old_log_probs, s.rollout_log_probs, s.loss_mask, level, threshold)
         s.advantages = s.advantages * w
-        stats += torch.tensor([float(w.sum()), float(mask.sum()), float((mask & (raw > threshold)).sum()),
-                               0.0], dtype=torch.float64)  # fmt: skip
-        stats[3] = max(float(stats[3]), float(w.max()) if w.numel() else 0.0)
-    top = all_reduce(stats[3:].clone(), "max")
-    tot = all_reduce(stats[:3].clone())
-    tokens = float(tot[1]) or 1.0
-    return {"rollout_is/weight_mean": float(tot[0]) / tokens, "rollout_is/weight_max": float(top[0]),
-            "rollout_is/capped_fraction": float(tot[2]) / tokens}
+        one = rollout_is_stats(w, raw, s.loss_mask, threshold)
+        stats[:3] += one[:3]
+        stats[3] = torch.maximum(stats[3], one[3])
+    return rollout_is_metrics(stats, all_reduce)

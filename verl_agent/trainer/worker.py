@@ -63,20 +63,22 @@ class AdvantageResult:
     sequences: int  # sequences of the whole batch that enter the update
 
 
-def old_log_probs_from_actor(actor_cfg, n_minibatches: int, kl_in_reward: bool, mode: str = "sync") -> bool:
+def old_log_probs_from_actor(actor_cfg, n_minibatches: int, kl_in_reward: bool) -> bool:
     """Does PPO's old log-prob need its own actor forward pass? (actor.old_log_prob_source)
 
-    auto: only when the batch is not trained on-policy in one step (several epochs or
-    mini-batches, or rollouts from older weights in the async modes), or when the in-reward
-    KL needs it; otherwise the update uses its own log-probs, detached (ratio 1: the same
-    gradient, one forward pass fewer).
+    auto: only when the batch is not trained in one optimizer step (several epochs or
+    mini-batches), or when the in-reward KL needs it; otherwise the update uses its own
+    log-probs, detached (ratio 1: the same gradient, one forward pass fewer). That holds in the
+    async modes too: the old policy of decoupled PPO is the actor before this update, whatever
+    weights the engine sampled with, and the rollout correction's weight pi_old / pi_engine is
+    then taken inside the update (`update_actor(rollout_is=...)`).
     """
     src = actor_cfg.old_log_prob_source
     if src == "actor":
         return True
     if src == "rollout":
         return False
-    return actor_cfg.ppo_epochs > 1 or n_minibatches > 1 or kl_in_reward or mode != "sync"
+    return actor_cfg.ppo_epochs > 1 or n_minibatches > 1 or kl_in_reward
 
 
 def rollout_is_level(cfg) -> str:
@@ -117,6 +119,7 @@ class TrainWorker:
         self._pending: list[int] = []  # positions in self.trajs whose records wait for their advantages
         self.version = 0  # policy version of the engine's weights (the step whose update it holds)
         self.seqs: list[TrainSeq] = []  # ... those that may be trained on, as training sequences
+        self._rollout_is_in_update: tuple[str, float] | None = None  # (level, cap) when the update weighs them
         self.staging = HandleStaging()  # split placement, rank 0: CPU buckets shared with rollout workers
         self.weight_group: Any = None  # split placement, rank 0: the WeightGroup, when a worker is routed there
 
@@ -271,8 +274,10 @@ class TrainWorker:
         if self.rollout is not None and arr.rollout.free_cache_engine and cfg.trainer.mode == "sync":
             self.rollout.sleep()  # async modes keep generating; split engines have their own memory
         temp = self.agent_temperature
-        from_actor = old_log_probs_from_actor(arr.actor, n_minibatches, cfg.algorithm.use_kl_in_reward,
-                                              cfg.trainer.mode) or rollout_is_level(cfg) != "none"
+        from_actor = old_log_probs_from_actor(arr.actor, n_minibatches, cfg.algorithm.use_kl_in_reward)
+        level = rollout_is_level(cfg)  # decided from the config alone: the same on every rank
+        self._rollout_is_in_update = (level, cfg.algorithm.rollout_correction.rollout_is_threshold) \
+            if level != "none" and not from_actor else None
         if from_actor:
             self.actor.eval()
             for micro in micro_batches(self.seqs, self.mb_log_prob):
@@ -303,7 +308,7 @@ class TrainWorker:
         algo = self.cfg.algorithm
         metrics, kl = assign_advantages(self.seqs, algo, kl_coef, _reduce)
         level = rollout_is_level(self.cfg)
-        if level != "none":
+        if level != "none" and self._rollout_is_in_update is None:
             metrics.update(apply_rollout_correction(self.seqs, level, algo.rollout_correction.rollout_is_threshold,
                                                     _reduce))
         if algo.filter_groups.enable:
@@ -329,7 +334,8 @@ class TrainWorker:
             self.critic_sched.step()
         if update_actor_now:
             metrics.update(update_actor(self.actor, self.optim, seqs, arr.actor, self.agent_temperature, self.device,
-                                        n_minibatches, self.mb, loss_scale_factor=norm))
+                                        n_minibatches, self.mb, loss_scale_factor=norm,
+                                        rollout_is=self._rollout_is_in_update))
             metrics["lr"] = self.sched.get_last_lr()[0]
             self.sched.step()
         self.seqs = []
