@@ -26,7 +26,7 @@ import torch
 from verl_agent.rollout.engine import SamplingParams
 from verl_agent.rollout.kv_pool import KVBudget
 from verl_agent.rollout.model_runner import ModelRunner
-from verl_agent.rollout.sampling import RowParams, sample
+from verl_agent.rollout.sampling import RowParams, row_rng, sample
 from verl_agent.rollout.scheduler import Chunk, Scheduler
 from verl_agent.rollout.sequence import Seq, SeqState
 
@@ -42,17 +42,8 @@ class KVCacheOverflowError(ValueError):
 
 def _row_params(seqs: list[Seq | None], device: torch.device) -> RowParams:
     """Sampling settings for a batch whose row i belongs to seqs[i] (None: an idle row, sampled greedily)."""
-    sp = [s.sampling if s is not None else None for s in seqs]
-    temps = [p.temperature if p is not None else 0.0 for p in sp]
-    live = [p for p in sp if p is not None and p.temperature > 0]
-    return RowParams(
-        temperature=torch.tensor(temps, dtype=torch.float32).to(device, non_blocking=True),
-        top_p=torch.tensor([p.top_p if p is not None else 1.0 for p in sp], dtype=torch.float32).to(device),
-        top_k=torch.tensor([p.top_k if p is not None else -1 for p in sp], dtype=torch.long).to(device),
-        generators=[s.generator if s is not None else None for s in seqs],
-        any_filter=any(p.top_k > 0 or p.top_p < 1.0 for p in live),
-        any_greedy=len(live) < len(sp), all_greedy=not live,
-    )  # fmt: skip
+    return RowParams.of([s.sampling if s is not None else None for s in seqs],
+                        [s.rng if s is not None else None for s in seqs], device)
 
 
 class ContinuousBatcher:
@@ -87,14 +78,10 @@ class ContinuousBatcher:
                 f"({b.describe()}); raise rollout.max_model_len or rollout.gpu_memory_utilization, "
                 f"or lower rollout.max_num_seqs"
             )
-        gen = None
-        if sampling.seed is not None and sampling.temperature > 0:
-            gen = torch.Generator(device=self.runner.device)
-            gen.manual_seed(int(sampling.seed))
         return Seq(
             prompt, sampling, max_new=min(sampling.max_new_tokens, b.length - len(prompt) + 1),
             stops=frozenset(set(sampling.stop_token_ids) | eos), future=loop.create_future(), loop=loop,
-            session=session, generator=gen, on_token=on_token,
+            session=session, rng=row_rng(sampling), on_token=on_token,
         )  # fmt: skip
 
     def submit(self, item: Seq | tuple[str, str], executor: Executor) -> None:

@@ -7,19 +7,28 @@ log-probs serve as a check of engine/actor agreement, and this choice makes
 them comparable with the actor's full-vocabulary log-probs at the same
 temperature.
 
-Sampling uses the exponential-race trick (``argmax(p / E)`` with ``E ~ Exp(1)``),
-which equals a categorical draw and lets each seeded row draw its noise from its
-own generator: the same seed gives the same sample whatever the batch around it.
+Sampling inverts each row's CDF at one uniform number per row and step (``searchsorted``
+over the cumulative probabilities): a categorical draw in two kernels for the whole batch.
+A seeded row takes its number from its own ``random.Random`` on the host, so the same seed
+gives the same samples whatever the batch around it, without a kernel launch per row (the
+exponential race it replaces drew each seeded row's noise with a launch of its own: 190 of
+them a decode step at 190 rows, most of a 0.5B model's 4.7 ms step on an H100).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from verl_agent.rollout.engine import SamplingParams
+
+
+def row_rng(sampling: SamplingParams) -> random.Random | None:
+    """The host RNG of a seeded sampled request (None: unseeded or greedy)."""
+    return random.Random(int(sampling.seed)) if sampling.seed is not None and sampling.temperature > 0 else None
 
 
 @dataclass
@@ -29,38 +38,35 @@ class RowParams:
     temperature: torch.Tensor  # [B] float, 0 = greedy
     top_p: torch.Tensor  # [B] float
     top_k: torch.Tensor  # [B] long, <= 0 = off
-    generators: list[torch.Generator | None]  # per-row generator for seeded rows
+    rngs: list[random.Random | None]  # per-row host RNG of seeded rows (one uniform number per step)
     any_filter: bool
     any_greedy: bool
     all_greedy: bool
 
     @classmethod
-    def build(cls, params: Sequence[SamplingParams], device: torch.device) -> RowParams:
-        temps = [p.temperature for p in params]
-        gens: list[torch.Generator | None] = []
-        for p in params:
-            g = None
-            if p.seed is not None and p.temperature > 0:
-                g = torch.Generator(device=device)
-                g.manual_seed(int(p.seed))
-            gens.append(g)
-        return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
-            generators=gens,
-            any_filter=any((p.top_k > 0 or p.top_p < 1.0) and p.temperature > 0 for p in params),
-            any_greedy=any(t == 0 for t in temps),
-            all_greedy=all(t == 0 for t in temps),
-        )
+    def of(cls, params: Sequence[SamplingParams | None], rngs: list[random.Random | None], device: torch.device
+           ) -> RowParams:  # fmt: skip
+        """Rows with these settings (None: an idle row, sampled greedily) in one host-to-device copy."""
+        host = torch.tensor([[p.temperature if p is not None else 0.0 for p in params],
+                             [p.top_p if p is not None else 1.0 for p in params],
+                             [float(p.top_k) if p is not None else -1.0 for p in params]], dtype=torch.float32)
+        dev = host.to(device, non_blocking=True)
+        live = [p for p in params if p is not None and p.temperature > 0]
+        return cls(temperature=dev[0], top_p=dev[1], top_k=dev[2].long(), rngs=list(rngs),
+                   any_filter=any(p.top_k > 0 or p.top_p < 1.0 for p in live),
+                   any_greedy=len(live) < len(params), all_greedy=not live)  # fmt: skip
 
+    @classmethod
+    def build(cls, params: Sequence[SamplingParams], device: torch.device) -> RowParams:
+        """Rows for fresh requests: each seeded row gets its RNG from its seed."""
+        return cls.of(params, [row_rng(p) for p in params], device)
 
     def select(self, keep: torch.Tensor) -> RowParams:
         """The rows at `keep` (the batch shrinks when requests finish)."""
         temp, top_p, top_k = self.temperature[keep], self.top_p[keep], self.top_k[keep]
         sampled = temp > 0
         return RowParams(
-            temperature=temp, top_p=top_p, top_k=top_k, generators=[self.generators[i] for i in keep.tolist()],
+            temperature=temp, top_p=top_p, top_k=top_k, rngs=[self.rngs[i] for i in keep.tolist()],
             any_filter=bool((((top_k > 0) | (top_p < 1.0)) & sampled).any()),
             any_greedy=bool((~sampled).any()), all_greedy=bool((~sampled).all()),
         )  # fmt: skip
@@ -93,12 +99,15 @@ def sample(
     scaled = logits / temp[:, None]
     logp = scaled.log_softmax(dim=-1)
     filtered = filter_top_k_top_p(scaled, rows.top_k, rows.top_p) if rows.any_filter else scaled
-    probs = filtered.softmax(dim=-1)
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    for i, g in enumerate(rows.generators):
-        if g is not None:
-            noise[i].exponential_(generator=g)
-    tokens = (probs / noise).argmax(dim=-1)
+    cdf = filtered.softmax(dim=-1).cumsum(dim=-1)
+    u = torch.rand(len(rows.rngs), device=logits.device, generator=generator)
+    if any(r is not None for r in rows.rngs):  # seeded rows: their own numbers, one copy for the batch
+        own = torch.tensor([r.random() if r is not None else -1.0 for r in rows.rngs], dtype=torch.float32)
+        own = own.to(logits.device, non_blocking=True)
+        u = torch.where(own >= 0, own, u)
+    # first index whose cumulative mass exceeds u x total: token i with probability p_i (p_i = 0 never)
+    tokens = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True).squeeze(-1)
+    tokens = tokens.clamp(max=logits.shape[-1] - 1)
     if rows.any_greedy:
         tokens = torch.where(rows.temperature > 0, tokens, logits.argmax(dim=-1))
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)

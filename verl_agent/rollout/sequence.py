@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-import torch
 
 from verl_agent.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 
@@ -31,7 +31,7 @@ class Seq:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     session: str | None = None
-    generator: torch.Generator | None = None
+    rng: random.Random | None = None  # a seeded request's sampling numbers (sampling.row_rng)
     on_token: Callable[[int, float], None] | None = None  # called on `loop` for each token (streaming)
     state: SeqState = SeqState.WAITING
     slot: int = -1
