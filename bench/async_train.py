@@ -209,7 +209,9 @@ def main() -> None:
     rows = {}
     for mode in args.modes:
         k = {"sync": 0, "one_step_off": 1, "async": args.staleness}[mode]
-        rows[f"async(k={k})" if mode == "async" else mode] = run_mode(base, mode, k, tmp, profile_step=args.profile_step)
+        name = f"async(k={k})" if mode == "async" else mode
+        rows[name] = run_mode(base, mode, k, tmp, profile_step=args.profile_step)
+        print(f"{name}: {json.dumps(rows[name])}", flush=True)  # as each mode ends, in case a time limit cuts the run
     transports = [] if args.split is None else args.split or ["auto"]
     for transport in transports:
         split = ["trainer.placement=split", *([f"trainer.rollout_gpus_per_worker={args.rollout_gpus}"] if args.device == "cuda" else []),

@@ -3,6 +3,7 @@
   python bench/rollout.py                 # loop overhead (instant engine) + hf engine on CPU with the tiny model
   python bench/rollout.py --gpu           # + the GPU fast path on a random Qwen2-0.5B-shaped model (bf16)
   python bench/rollout.py --gpu --only-gpu --batch 256 --prompt-len 256 --new-tokens 256
+  python bench/rollout.py --only-gpu --gpu-rows continuous --batch 128 --new-tokens 128 --seeded   # as the trainer samples
   python bench/rollout.py --only-gpu --gpu-shape 7b --batch 64 --prompt-len 185 --gpu-rows continuous,compiled
 
 Loop overhead: 2-turn calculator conversations on a scripted engine that answers
@@ -74,7 +75,8 @@ def sync(device: torch.device) -> None:
 
 
 def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repeats: int = 2,
-                       scheduler: str = "continuous", torch_compile: bool = False, stats: dict | None = None) -> float:
+                       scheduler: str = "continuous", torch_compile: bool = False, stats: dict | None = None,
+                       seeded: bool = False) -> float:
     """Best generated tokens/s of `repeats` warm calls; `stats` gets the first call's seconds (graph captures,
     compiles) and the warm calls' milliseconds per decode step."""
     from verl_agent.rollout.engine import SamplingParams
@@ -85,11 +87,11 @@ def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repe
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab - 1, (plen,), generator=gen).tolist() for _ in range(batch)]
-    sp = SamplingParams(temperature=1.0, max_new_tokens=new)
+    sp = [SamplingParams(temperature=1.0, max_new_tokens=new, seed=i if seeded else None) for i in range(batch)]
 
     async def once() -> float:
         t0 = time.perf_counter()
-        outs = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+        outs = await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, sp)))
         dt = time.perf_counter() - t0
         assert all(len(o.token_ids) == new for o in outs)
         return batch * new / dt
@@ -129,8 +131,8 @@ def bench_cpu(batch: int, plen: int, new: int) -> dict[str, float]:
     }
 
 
-def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,batch", shape: str = "0.5b"
-              ) -> dict[str, float]:  # fmt: skip
+def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,batch", shape: str = "0.5b",
+              seeded: bool = False) -> dict[str, float]:  # fmt: skip
     from grpo_step import SHAPES
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -142,7 +144,7 @@ def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,
     eager, compiled = {}, {}
     runs = {"generate": ("gpu_generate_static_tok_s", lambda: _raw_generate(model, batch, plen, new, static=True)),
             "continuous": ("gpu_engine_tok_s",
-                           lambda: _engine_throughput(model, batch, plen, new, "cuda", stats=eager)),
+                           lambda: _engine_throughput(model, batch, plen, new, "cuda", stats=eager, seeded=seeded)),
             "compiled": ("gpu_engine_compiled_tok_s", lambda: _engine_throughput(
                 model, batch, plen, new, "cuda", torch_compile=True, stats=compiled)),
             "batch": ("gpu_engine_batch_sched_tok_s",
@@ -170,13 +172,15 @@ def main() -> None:
                    help="GPU rows: raw static generate, the engine's continuous and batch schedulers, and "
                    "'compiled' (continuous with torch_compile)")
     p.add_argument("--gpu-shape", choices=["0.5b", "7b"], default="0.5b", help="GPU: Qwen2 shape (random weights)")
+    p.add_argument("--seeded", action="store_true", help="GPU continuous row: every request seeded, as the trainer "
+                   "seeds them (each seeded row draws its own random numbers)")
     args = p.parse_args()
     res: dict[str, float | str] = {}
     if not args.only_gpu:
         res.update(bench_loop(args.trajectories))
         res.update(bench_cpu(batch=32, plen=64, new=64))
     if args.gpu or args.only_gpu:
-        res.update(bench_gpu(args.batch, args.prompt_len, args.new_tokens, args.gpu_rows, args.gpu_shape))
+        res.update(bench_gpu(args.batch, args.prompt_len, args.new_tokens, args.gpu_rows, args.gpu_shape, args.seeded))
     width = max(len(k) for k in res)
     print(f"{'metric':<{width}}  value")
     for k, v in res.items():

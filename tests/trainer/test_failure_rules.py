@@ -1,6 +1,6 @@
 """Infrastructure failures in a real training run: excluded from the loss, counted per cause, logged, and fatal
 above trainer.max_infra_failure_fraction. Real Ray, gloo, FSDP2 and the tiny model; the faults are a calculator
-tool whose own code raises and a reward function that raises (engine errors are classified the same way by the
+tool whose own code raises (on some calls) and a reward function that raises (engine errors are classified the same way by the
 agent loop: tests/rollout/test_agent_loop.py::test_failures_stay_in_their_trajectory).
 """
 
@@ -27,16 +27,22 @@ def reward(data_source, solution_str, ground_truth, extra_info=None):
     return calculator_reward(data_source, solution_str, ground_truth, extra_info)
 
 
+CALLS = [0]
+
+
 class CrashingCalculator(CalculatorTool):
     async def execute(self, instance_id, parameters, **kwargs):
-        raise OSError("calculator backend crashed")
+        CALLS[0] += 1
+        if {fail_tool}:
+            raise OSError("calculator backend crashed")
+        return await super().execute(instance_id, parameters, **kwargs)
 '''
 
 
-def _faulty_cfg(make_cfg, tmp_path, fail_reward: str, *overrides: str):
+def _faulty_cfg(make_cfg, tmp_path, fail_reward: str, fail_tool: str, *overrides: str):
     from verl_agent.models.calculator_task import CALCULATOR_TOOL_SCHEMA
 
-    (tmp_path / "faults.py").write_text(FAULTS.format(fail_reward=fail_reward))
+    (tmp_path / "faults.py").write_text(FAULTS.format(fail_reward=fail_reward, fail_tool=fail_tool))
     tools = tmp_path / "tools.yaml"
     tools.write_text(yaml.safe_dump({"tools": [{"class_name": "faults.py:CrashingCalculator", "config": {},
                                                 "tool_schema": CALCULATOR_TOOL_SCHEMA}]}))
@@ -47,7 +53,9 @@ def _faulty_cfg(make_cfg, tmp_path, fail_reward: str, *overrides: str):
 
 
 def test_infra_failures_are_excluded_counted_and_logged(ray_cluster, make_cfg, tmp_path):
-    cfg = _faulty_cfg(make_cfg, tmp_path, "int(str(ground_truth)[-1]) % 2 == 0",  # answers ending in an even digit
+    # the scorer fails on answers ending in an even digit, the tool on every third call (of a worker),
+    # so that both causes occur and some groups are still left to train on
+    cfg = _faulty_cfg(make_cfg, tmp_path, "int(str(ground_truth)[-1]) % 2 == 0", "CALLS[0] % 3 == 1",
                       "trainer.max_infra_failure_fraction=1.0")
     result = train(cfg)
     m = result.history[0]
@@ -69,7 +77,7 @@ def test_infra_failures_are_excluded_counted_and_logged(ray_cluster, make_cfg, t
 
 
 def test_too_many_infra_failures_stop_the_run_naming_the_cause(ray_cluster, make_cfg, tmp_path):
-    cfg = _faulty_cfg(make_cfg, tmp_path, "True", "trainer.max_infra_failure_fraction=0.2")
+    cfg = _faulty_cfg(make_cfg, tmp_path, "True", "False", "trainer.max_infra_failure_fraction=0.2")
     with pytest.raises(TrainingError) as e:
         train(cfg)
     msg = str(e.value)
