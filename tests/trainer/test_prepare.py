@@ -165,7 +165,7 @@ def test_an_empty_rank_runs_the_same_collectives_as_a_full_one(estimator, unit):
 def _gloo_worker(rank: int, world: int, port: int, out) -> None:
     import torch.distributed as dist
 
-    from verl_agent.trainer.worker import _reduce
+    from verl_agent.trainer.actor import reduce_op as _reduce
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-
 from verl_agent.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 
 

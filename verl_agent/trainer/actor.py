@@ -38,10 +38,10 @@ from torch import Tensor, nn
 from verl_agent.trainer.algorithms import actor_loss, entropy_from_logits, value_loss
 from verl_agent.trainer.losses import chunked_log_probs
 from verl_agent.trainer.batch import TrainSeq, pad_field
-from verl_agent.trainer.prepare import rollout_is_metrics, rollout_is_stats, rollout_is_weights
+from verl_agent.trainer.prepare import add_rollout_is_stats, rollout_is_metrics, rollout_is_weights
 
-__all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "forward_values", "micro_batches", "update_actor",
-           "update_critic"]
+__all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "forward_values", "micro_batches", "reduce_op",
+           "update_actor", "update_critic"]
 
 _Z = torch.zeros(1)
 # Stands in for an empty micro-batch so that every rank runs the same collectives; its loss mask is 0.
@@ -66,6 +66,11 @@ def _all_reduce(t: Tensor, op=dist.ReduceOp.SUM) -> Tensor:
     out = t.to(dev)
     dist.all_reduce(out, op=op)
     return out.cpu()
+
+
+def reduce_op(t: Tensor, op: str = "sum") -> Tensor:
+    """`_all_reduce` by name ("sum" or "max"): the all-reduce the preparation steps (prepare.py) take."""
+    return _all_reduce(t, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
 
 
 def micro_batches(seqs: list[TrainSeq], mb: MicroBatching) -> list[list[TrainSeq]]:
@@ -228,7 +233,7 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
     gradient norm), so the host keeps queueing kernels while the device computes.
     """
     sums: dict[str, float | Tensor] = defaultdict(float)
-    is_stats = torch.zeros(4, dtype=torch.float64, device=device)  # see prepare.rollout_is_stats
+    is_stats = torch.zeros(4, dtype=torch.float64, device=device)  # see prepare.add_rollout_is_stats
     model.train()
     for _ in range(cfg.ppo_epochs):
         for mini in _chunks(seqs, n_minibatches):
@@ -245,8 +250,7 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
             sums["_steps"] += 1
     out = _finish(sums)
     if rollout_is is not None:
-        out.update(rollout_is_metrics(is_stats, lambda t, op="sum": _all_reduce(
-            t, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)))
+        out.update(rollout_is_metrics(is_stats, reduce_op))
     return out
 
 
@@ -271,9 +275,7 @@ def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float,
         for s, lp in zip(real, old):
             w, raw = rollout_is_weights(lp, s.rollout_log_probs.to(device), s.loss_mask.to(device), level, threshold)
             advantages.append(s.advantages.to(device) * w)
-            one = rollout_is_stats(w, raw, s.loss_mask.to(device), threshold)
-            is_stats[:3] += one[:3]
-            is_stats[3] = torch.maximum(is_stats[3], one[3])
+            add_rollout_is_stats(is_stats, w, raw, s.loss_mask.to(device), threshold)
     mask = _pad([s.loss_mask for s in real], device)
     loss, metrics = actor_loss(
         _pad(old, device), pad_field(logp),

@@ -30,7 +30,7 @@ from verl_agent.trainer.algorithms import (
 from verl_agent.trainer.batch import TrainSeq, from_trajectory, pad_field
 
 __all__ = ["GROUP_ESTIMATORS", "train_seqs", "assign_advantages", "filter_groups", "log_prob_metrics",
-           "apply_rollout_correction", "rollout_is_weights", "rollout_is_stats", "rollout_is_metrics",
+           "apply_rollout_correction", "rollout_is_weights", "add_rollout_is_stats", "rollout_is_metrics",
            "turn_token_rewards", "turn_index"]
 
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_turn", "gigpo")
@@ -194,15 +194,17 @@ def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: T
     return torch.where(mask, raw.clamp(max=threshold), 0.0), raw
 
 
-def rollout_is_stats(weights: Tensor, raw: Tensor, mask: Tensor, threshold: float) -> Tensor:
-    """[sum of weights, tokens, capped tokens, max weight] of one sequence (float64, on the weights' device)."""
+def add_rollout_is_stats(stats: Tensor, weights: Tensor, raw: Tensor, mask: Tensor, threshold: float) -> None:
+    """Add one sequence to `stats` = [sum of weights, tokens, capped tokens, max weight] (float64, in place)."""
     mask = mask.bool()
     top = weights.max() if weights.numel() else weights.new_zeros(())
-    return torch.stack([weights.sum(), mask.sum(), (mask & (raw > threshold)).sum(), top]).double()
+    one = torch.stack([weights.sum(), mask.sum(), (mask & (raw > threshold)).sum(), top]).to(stats)
+    stats[:3] += one[:3]
+    stats[3] = torch.maximum(stats[3], one[3])
 
 
 def rollout_is_metrics(stats: Tensor, all_reduce: AllReduce = _local) -> dict[str, float]:
-    """The logged metrics from the summed `rollout_is_stats` of this rank (max in the last entry), all ranks."""
+    """The logged metrics from this rank's `add_rollout_is_stats` sums (max in the last entry), all ranks."""
     stats = stats.detach().cpu()
     top, tot = all_reduce(stats[3:].clone(), "max"), all_reduce(stats[:3].clone())
     tokens = float(tot[1]) or 1.0
@@ -223,7 +225,5 @@ def apply_rollout_correction(seqs: list[TrainSeq], level: str, threshold: float,
     for s in seqs:
         w, raw = rollout_is_weights(s.old_log_probs, s.rollout_log_probs, s.loss_mask, level, threshold)
         s.advantages = s.advantages * w
-        one = rollout_is_stats(w, raw, s.loss_mask, threshold)
-        stats[:3] += one[:3]
-        stats[3] = torch.maximum(stats[3], one[3])
+        add_rollout_is_stats(stats, w, raw, s.loss_mask, threshold)
     return rollout_is_metrics(stats, all_reduce)

@@ -41,7 +41,7 @@ from verl_agent.rollout.stream import Group
 from verl_agent.rollout.tensor_handles import HandleStaging, dumps_by_handle, flat_specs, memory_key
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.actor import (
-    MicroBatching, _all_reduce, forward_log_probs, forward_values, micro_batches, update_actor, update_critic,
+    MicroBatching, forward_log_probs, forward_values, micro_batches, reduce_op, update_actor, update_critic,
 )
 from verl_agent.trainer.batch import TrainSeq
 from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
@@ -98,10 +98,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def _reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    return _all_reduce(t, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
 
 
 @ray.remote
@@ -295,7 +291,7 @@ class TrainWorker:
             for micro in micro_batches(self.seqs, self.mb_critic):
                 for s, v in zip(micro, forward_values(self.critic, micro, self.device)):
                     s.old_values = v.float().cpu()
-        return log_prob_metrics(self.seqs, _reduce)
+        return log_prob_metrics(self.seqs, reduce_op)
 
     @property
     def agent_temperature(self) -> float:
@@ -306,15 +302,15 @@ class TrainWorker:
     def compute_advantages(self, kl_coef: float) -> AdvantageResult:
         """algorithm.adv_estimator on this rank's sequences (+ DAPO group filtering); batch-wide metrics."""
         algo = self.cfg.algorithm
-        metrics, kl = assign_advantages(self.seqs, algo, kl_coef, _reduce)
+        metrics, kl = assign_advantages(self.seqs, algo, kl_coef, reduce_op)
         level = rollout_is_level(self.cfg)
         if level != "none" and self._rollout_is_in_update is None:
             metrics.update(apply_rollout_correction(self.seqs, level, algo.rollout_correction.rollout_is_threshold,
-                                                    _reduce))
+                                                    reduce_op))
         if algo.filter_groups.enable:
             self.seqs, metrics["train/kept_group_fraction"] = filter_groups(self.seqs, algo.filter_groups.metric,
-                                                                            _reduce)
-        n = int(_reduce(torch.tensor([len(self.seqs)], dtype=torch.float64))[0])
+                                                                            reduce_op)
+        n = int(reduce_op(torch.tensor([len(self.seqs)], dtype=torch.float64))[0])
         self._log(self.trajs, f"step_{self._step}.jsonl", self._step, self.seqs, only=self._pending)
         self._pending = []
         return AdvantageResult(metrics=metrics, kl=kl, sequences=n)
