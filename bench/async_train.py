@@ -203,9 +203,11 @@ def main() -> None:
     p.add_argument("--rollout-gpus", type=float, default=0.5, choices=[0.5, 1.0],
                    help="cuda, --split: the rollout worker's share of a GPU; 0.5 shares the train worker's card, "
                         "1 gives it its own (two GPUs; the weights then go by NCCL broadcast)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every mode, e.g. actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="async-bench-"))
-    base = _setup(args, tmp)
+    base = _setup(args, tmp) + args.set
     rows = {}
     for mode in args.modes:
         k = {"sync": 0, "one_step_off": 1, "async": args.staleness}[mode]
@@ -216,7 +218,9 @@ def main() -> None:
     for transport in transports:
         split = ["trainer.placement=split", *([f"trainer.rollout_gpus_per_worker={args.rollout_gpus}"] if args.device == "cuda" else []),
                  f"trainer.weight_transport={transport}"]
-        rows[f"async(k={args.staleness}) split {transport}"] = run_mode(base, "async", args.staleness, tmp, split)
+        name = f"async(k={args.staleness}) split {transport}"
+        rows[name] = run_mode(base, "async", args.staleness, tmp, split, profile_step=args.profile_step)
+        print(f"{name}: {json.dumps(rows[name])}", flush=True)
     sync = next(iter(rows.values()))["trajectories_per_s"]
     print(f"\n{'mode':<34}{'traj/s':>9}{'x sync':>8}{'step s':>8}{'wait s':>8}{'logp s':>8}{'update s':>9}{'sync s':>8}{'lag':>5}"
           f"{'reward':>8}{'decode ms':>10}{'gen tok/s':>10}{'cut/step':>9}")

@@ -78,7 +78,8 @@ def test_forward_log_probs_fused_equals_full_logits(dev_model_path, random_seqs)
     z = plain(input_ids=ids, position_ids=pos, use_cache=False).logits[0][rows].float() / 0.9
     ref = z.log_softmax(-1).gather(-1, ids[0, rows + 1][:, None]).squeeze(-1)
     assert_close(torch.cat(logp), ref, rtol=1e-5, atol=1e-5)
-    assert_close(torch.cat(ent), entropy_from_logits(z), rtol=1e-5, atol=1e-5)
+    # entropy sums over the whole vocabulary: fp32 summation order (padded vs packed attention) moves it ~1e-5
+    assert_close(torch.cat(ent), entropy_from_logits(z), rtol=1e-4, atol=5e-5)
     torch.cat(logp).sum().backward()
     ref.sum().backward()
     for (n, a), (_, b) in zip(model.named_parameters(), plain.named_parameters()):

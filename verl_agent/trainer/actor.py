@@ -267,19 +267,21 @@ def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float,
     logp, ent = forward_log_probs(model, real, temperature, device,
                                   with_entropy=cfg.entropy_coeff != 0 or on_policy)
     kl_coef = cfg.kl_loss_coef if cfg.use_kl_loss else 0.0
-    old = [s.old_log_probs if s.old_log_probs is not None else lp.detach() for s, lp in zip(real, logp)]
-    advantages = [s.advantages for s in real]
-    if on_policy and rollout_is is not None:
-        level, threshold = rollout_is
-        advantages = []
-        for s, lp in zip(real, old):
-            w, raw = rollout_is_weights(lp, s.rollout_log_probs.to(device), s.loss_mask.to(device), level, threshold)
-            advantages.append(s.advantages.to(device) * w)
-            add_rollout_is_stats(is_stats, w, raw, s.loss_mask.to(device), threshold)
+    logp = pad_field(logp)
     mask = _pad([s.loss_mask for s in real], device)
+    old = logp.detach() if on_policy else _pad([s.old_log_probs for s in real], device)
+    advantages = _pad([s.advantages for s in real], device)
+    rollout = _pad([s.rollout_log_probs for s in real], device) if on_policy and all(
+        s.rollout_log_probs is not None for s in real) else None  # fmt: skip
+    if on_policy and rollout_is is not None:  # one padded computation for the micro-batch, rows = sequences
+        if rollout is None:
+            raise ValueError("update_actor: rollout_is needs every sequence's rollout_log_probs (engine log-probs)")
+        level, threshold = rollout_is
+        w, raw = rollout_is_weights(old, rollout, mask, level, threshold)
+        advantages = advantages * w
+        add_rollout_is_stats(is_stats, w, raw, mask, threshold)
     loss, metrics = actor_loss(
-        _pad(old, device), pad_field(logp),
-        _pad(advantages, device), mask,
+        old, logp, advantages, mask,
         loss_mode=cfg.policy_loss.loss_mode,
         clip_ratio_low=cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio,
         clip_ratio_high=cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio,
@@ -293,9 +295,8 @@ def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float,
     if on_policy:  # token means of this micro-batch (update_actor weights them by its tokens)
         tokens = mask.sum().clamp(min=1)
         metrics["actor/entropy"] = (pad_field(ent).detach() * mask).sum() / tokens
-        if all(s.rollout_log_probs is not None for s in real):
-            gap = (pad_field(logp).detach() - _pad([s.rollout_log_probs for s in real], device)).abs()
-            metrics["rollout/actor_logprob_diff_mean"] = (gap * mask).sum() / tokens
+        if rollout is not None:
+            metrics["rollout/actor_logprob_diff_mean"] = ((logp.detach() - rollout).abs() * mask).sum() / tokens
     return loss, metrics
 
 

@@ -181,21 +181,23 @@ def log_prob_metrics(seqs: list[TrainSeq], all_reduce: AllReduce = _local) -> di
 
 def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, level: str, threshold: float
                        ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """One sequence's capped importance weights pi_old / pi_engine per token (token), or its capped product of
-    ratios on every token (sequence); 0 off the loss mask. Returns (weights, uncapped weights)."""
+    """Capped importance weights pi_old / pi_engine per token (token), or each sequence's capped product of
+    ratios on every token (sequence); 0 off the loss mask. Takes one sequence [T] or a padded batch [B, T]
+    (a sequence per row). Returns (weights, uncapped weights)."""
     mask = mask.bool()
     log_ratio = torch.where(mask, old_log_probs - rollout_log_probs, 0.0)
     if level == "token":
         raw = log_ratio.exp()
     elif level == "sequence":
-        raw = log_ratio.sum().exp().expand_as(log_ratio)
+        raw = log_ratio.sum(-1, keepdim=True).exp().expand_as(log_ratio)
     else:
         raise ValueError(f"algorithm.rollout_correction.rollout_is must be token or sequence, got {level!r}")
     return torch.where(mask, raw.clamp(max=threshold), 0.0), raw
 
 
 def add_rollout_is_stats(stats: Tensor, weights: Tensor, raw: Tensor, mask: Tensor, threshold: float) -> None:
-    """Add one sequence to `stats` = [sum of weights, tokens, capped tokens, max weight] (float64, in place)."""
+    """Add a sequence or a padded batch to `stats` = [sum of weights, tokens, capped tokens, max weight]
+    (float64, in place)."""
     mask = mask.bool()
     top = weights.max() if weights.numel() else weights.new_zeros(())
     one = torch.stack([weights.sum(), mask.sum(), (mask & (raw > threshold)).sum(), top]).to(stats)
