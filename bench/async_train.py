@@ -158,7 +158,7 @@ def run_mode(base: list[str], mode: str, staleness: int, tmp: Path, split: list[
     # steps of a mode that feeds batches ahead: nothing new is fed then (the run ends), so the engine only
     # finishes what is in flight and those steps would flatter the mode. In the window every step feeds one
     # batch and trains one, and as many batches are in flight at its end as at its start.
-    ahead = {"sync": 0, "one_step_off": 1, "async": staleness}[mode]
+    ahead = cfg.trainer.batches_ahead
     warm = [m for i, m in enumerate(result.history[: len(result.history) - ahead]) if i and i + 1 != profile_step]
     if not warm:
         raise SystemExit(f"--steps {len(result.history)} leaves no steady-state step for {mode} (needs > {ahead + 1})")

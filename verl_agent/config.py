@@ -210,7 +210,8 @@ class RolloutConfig(Section):
     scheduler: Literal["continuous", "batch"] = Field(
         "continuous", description="hf engine: continuous batching with per-session KV reuse, or per-batch")
     max_num_seqs: int | None = Field(None, ge=1, description="hf continuous: sequences holding a KV slot at once "
-                                     "(default: max_batch_size)")
+                                     "(default: max_batch_size; in the trainer, at least a slot for every "
+                                     "trajectory the engine holds at once, the batches fed ahead included)")
     max_num_batched_tokens: int = Field(8192, ge=1, description="hf continuous: prompt tokens per prefill chunk")
     max_model_len: int | None = Field(None, ge=2, description="hf continuous: tokens one KV slot holds "
                                       "(default: the model's limit, at most 4096)")
@@ -374,6 +375,11 @@ class TrainerConfig(Section):
     profile_steps: list[Annotated[int, Field(ge=1)]] | None = Field(None, description="steps to profile with torch.profiler (rollout "
                                             "to weight sync): each train rank writes <run dir>/profile/"
                                             "step_N_rankR.txt (top ops) and .json.gz (Chrome trace)")
+
+    @property
+    def batches_ahead(self) -> int:
+        """Batches fed ahead of the one in training: 0 sync, 1 one_step_off, max_staleness async."""
+        return {"sync": 0, "one_step_off": 1, "async": self.max_staleness}[self.mode]
 
     @model_validator(mode="before")
     @classmethod

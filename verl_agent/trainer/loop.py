@@ -251,7 +251,7 @@ class Feeder:
 
         t = cfg.trainer
         self.group, self.samples, self.cfg, self.total = group, samples, cfg, total
-        self.ahead = {"sync": 0, "one_step_off": 1, "async": t.max_staleness}[t.mode]
+        self.ahead = t.batches_ahead
         self.staleness = self.ahead
         self.counts: dict[int, list[int]] = {}  # batch -> prompts per rank (what `take` asks each rank for)
         self.untrained: dict[tuple[int, int], Any] = {}  # (batch, index in batch) -> Sample

@@ -82,17 +82,33 @@ def log_trajectories(cfg: Any, tokenizer: Any, trajs: list[Trajectory], name: st
                       advantages=advantages)
 
 
+def engine_slots(cfg: Any, shards: int) -> int:
+    """rollout.max_num_seqs where it is unset: a KV slot for every trajectory one of `shards` engine replicas
+    holds at once (its share of a batch x n x the batches in flight), and at least rollout.max_batch_size.
+
+    Sized for sync alone, the async modes' batches fed ahead would queue for slots, and trajectories waiting
+    on a tool would lose theirs (one H100, 0.5B shape, 8 x 8 a step, max_staleness 2: 64 slots for 192
+    trajectories in flight). Device memory still caps the count (`kv_pool.plan_budget`)."""
+    r = cfg.actor_rollout_ref.rollout
+    share = -(-cfg.data.train_batch_size // shards)
+    return max(r.max_batch_size, share * r.n * (1 + cfg.trainer.batches_ahead))
+
+
 class RolloutHost:
     """An engine replica, its agent loop and a `RolloutStream`, served by an event loop on a thread of
     this process, so rollouts go on while the calling thread trains or answers Ray calls.
 
-    `rank` offsets the engine's and the samples' seeds, so replicas never sample alike.
+    `rank` offsets the engine's and the samples' seeds, so replicas never sample alike; `shards` is how many
+    replicas share each batch (see `engine_slots`).
     """
 
-    def __init__(self, cfg: Any, rank: int, model_path: str, device: torch.device) -> None:
+    def __init__(self, cfg: Any, rank: int, model_path: str, device: torch.device, shards: int) -> None:
         from verl_agent.rollout.build import build_rollout
         from verl_agent.trainer.fsdp import load_causal_lm
 
+        if cfg.actor_rollout_ref.rollout.max_num_seqs is None:
+            cfg = cfg.model_copy(deep=True)
+            cfg.actor_rollout_ref.rollout.max_num_seqs = engine_slots(cfg, shards)
         self.cfg, self.rank, self.device = cfg, rank, device
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True).start()
@@ -197,7 +213,8 @@ class RolloutWorker:
         if gpu:
             torch.cuda.set_device(device)
         import_external_lib(cfg.actor_rollout_ref.model)
-        self.host = RolloutHost(cfg, self.index, resolve_model_path(cfg.actor_rollout_ref.model.path), device)
+        self.host = RolloutHost(cfg, self.index, resolve_model_path(cfg.actor_rollout_ref.model.path), device,
+                                shards=cfg.trainer.rollout_workers)
         return {"rollout_worker": self.index, "device": str(device), "node": ray.util.get_node_ip_address(),
                 "memory": memory_key(device)}
 

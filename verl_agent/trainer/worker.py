@@ -162,7 +162,7 @@ class TrainWorker:
         self.mb_ref = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
                                     arr.ref.log_prob_micro_batch_size_per_gpu or self.mb_log_prob.per_gpu)
         if cfg.trainer.placement == "colocated":
-            self.rollout = RolloutHost(cfg, self.rank, self.model_path, self.device)
+            self.rollout = RolloutHost(cfg, self.rank, self.model_path, self.device, shards=self.world_size)
             self.tokenizer = self.rollout.tokenizer
         else:
             from verl_agent.rollout.build import load_tokenizer
