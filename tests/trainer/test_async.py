@@ -34,7 +34,9 @@ def test_async_with_staleness_0_is_the_sync_run(ray_cluster, make_cfg, tmp_path)
 
 def test_one_step_off_is_one_version_behind_and_corrected(ray_cluster, make_cfg, tmp_path):
     result = train(make_cfg(*FAST, "trainer.mode=one_step_off", "trainer.total_training_steps=3",
-                            run_dir=tmp_path / "run"))
+                            "actor_rollout_ref.rollout.max_batch_size=4", run_dir=tmp_path / "run"))
+    # each of the 2 engines got a KV slot per trajectory it holds at once: 2 prompts x n=4 x 2 batches
+    assert [m["engine/kv_slots"] for m in result.history] == [2 * (2 * 4 * 2)] * 3
     lags = [m["rollout/policy_lag/max"] for m in result.history]
     assert lags == [0.0, 1.0, 1.0]  # batch 1 starts from the initial weights; later batches lag one update
     for m in result.history:
@@ -42,6 +44,18 @@ def test_one_step_off_is_one_version_behind_and_corrected(ray_cluster, make_cfg,
         assert 0.0 <= m["rollout_is/capped_fraction"] <= 1.0
     records = [json.loads(line) for line in (tmp_path / "run" / "trajectories" / "step_3.jsonl").open()]
     assert {turn["policy_version"] for r in records for turn in r["turns"]} == {1}  # drained: whole trajectories
+
+
+def test_engine_slots_cover_the_batches_in_flight(make_cfg):
+    from verl_agent.trainer.rollout_worker import engine_slots
+
+    # 4 prompts x n=4 a batch over 2 replicas; max_batch_size (64 by default) is the floor
+    assert engine_slots(make_cfg("actor_rollout_ref.rollout.max_batch_size=1"), shards=2) == 8
+    assert engine_slots(make_cfg("actor_rollout_ref.rollout.max_batch_size=1", "trainer.mode=async",
+                                 "trainer.max_staleness=2"), shards=2) == 24
+    assert engine_slots(make_cfg("trainer.mode=one_step_off"), shards=1) == 64
+    assert engine_slots(make_cfg("actor_rollout_ref.rollout.max_batch_size=1", "trainer.mode=one_step_off"),
+                        shards=3) == 16  # ceil(4 / 3) = 2 prompts
 
 
 KILLER = '''
