@@ -114,7 +114,7 @@ class ActorConfig(Section):
     ppo_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = Field(16384, ge=1, description="token budget of one micro-batch (padded "
-                                           "tokens; verl's default. 4096 made a 0.5B update on an H100 3.5x slower: "
+                                           "tokens; verl's default. 4096 made a 0.5B update on an H100 3.9x slower: "
                                            "host-bound, one pass of kernel launches per micro-batch)")
     ppo_epochs: int = Field(1, ge=1)
     old_log_prob_source: Literal["auto", "actor", "rollout"] = Field(
