@@ -67,7 +67,7 @@ def workload(n: int, a: argparse.Namespace, vocab: int, seed: int) -> list[Traje
 
 
 async def run_engine(engine, trajs: list[Trajectory], sessions: bool) -> dict[str, float]:
-    from verl_agent.rollout.engine import SamplingParams
+    from verl_agent.engine.contract import SamplingParams
 
     lat: list[float] = []
     gen = prefill = 0
@@ -107,7 +107,7 @@ async def run_engine(engine, trajs: list[Trajectory], sessions: bool) -> dict[st
 
 
 async def engine_row(model, row: str, trajs, warm, a) -> dict[str, float]:
-    from verl_agent.rollout.hf_engine import HFEngine
+    from verl_agent.engine.hf_engine import HFEngine
 
     max_len = a.prompt_len + a.max_turns * (a.turn_max + a.tool_max)
     kw = {"device": a.device, "stop_on_eos": False, "max_batch_size": a.slots, "seed": 0}

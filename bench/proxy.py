@@ -41,7 +41,7 @@ def _setup(turns: int):
     from verl_agent.models.tiny import build_tiny
     from verl_agent.parsers import get_parser
     from verl_agent.rollout.openai_server import OpenAIServer
-    from verl_agent.rollout.scripted import ScriptedEngine
+    from verl_agent.engine.scripted import ScriptedEngine
 
     tok = AutoTokenizer.from_pretrained(build_tiny())
 
@@ -122,7 +122,7 @@ def _child(turns: int) -> None:
 async def _run(kind: str, agents: int, turns: int) -> tuple[float, float, int]:
     import httpx
 
-    from verl_agent.rollout.engine import SamplingParams
+    from verl_agent.engine.contract import SamplingParams
 
     _tok, _engine, server = _setup(turns)
     await server.start()

@@ -34,8 +34,8 @@ def bench_loop(n_traj: int) -> dict[str, float]:
     from verl_agent.models.tokenizer import train_tokenizer
     from verl_agent.protocol import Message, Sample
     from verl_agent.rollout.agent_loop import AgentLoop
-    from verl_agent.rollout.engine import SamplingParams
-    from verl_agent.rollout.scripted import ScriptedEngine
+    from verl_agent.engine.contract import SamplingParams
+    from verl_agent.engine.scripted import ScriptedEngine
     from verl_agent.tools import CalculatorTool
 
     tok = train_tokenizer(["What is 12 * 37? The answer is 444. calculator expression arguments name"] * 50, 400)
@@ -79,8 +79,8 @@ def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repe
                        seeded: bool = False) -> float:
     """Best generated tokens/s of `repeats` warm calls; `stats` gets the first call's seconds (graph captures,
     compiles) and the warm calls' milliseconds per decode step."""
-    from verl_agent.rollout.engine import SamplingParams
-    from verl_agent.rollout.hf_engine import HFEngine
+    from verl_agent.engine.contract import SamplingParams
+    from verl_agent.engine.hf_engine import HFEngine
 
     engine = HFEngine(model, device=device, max_batch_size=batch, stop_on_eos=False, scheduler=scheduler,
                       max_model_len=plen + new, gpu_memory_utilization=0.85, torch_compile=torch_compile)  # fmt: skip

@@ -1,6 +1,6 @@
 """AgentLoop with a scripted engine: exact token ids, masks and stop reasons over multi-turn conversations.
 
-The engine is scripted (verl_agent.rollout.scripted) so that every generated
+The engine is scripted (verl_agent.engine.scripted) so that every generated
 token is known in advance; tools, interactions, chat templates and the
 tokenizer are the real ones.
 """
@@ -11,13 +11,13 @@ import asyncio
 import time
 
 import pytest
-from rollout_helpers import CountingTool, assert_mask, assert_token_exact, call_text, sample, scripted_engine
+from model_helpers import CountingTool, assert_mask, assert_token_exact, call_text, sample, scripted_engine
 
 from verl_agent.interactions.base import BaseInteraction
 from verl_agent.reward import load_reward_fn
 from verl_agent.rollout.agent_loop import AgentLoop
-from verl_agent.rollout.engine import SamplingParams, turn_seed
-from verl_agent.rollout.scripted import ScriptedEngine
+from verl_agent.engine.contract import SamplingParams, turn_seed
+from verl_agent.engine.scripted import ScriptedEngine
 from verl_agent.tools import CalculatorTool
 
 SP = SamplingParams(max_new_tokens=200)

@@ -7,14 +7,14 @@ import json
 
 import httpx
 import pytest
-from rollout_helpers import assert_mask, call_text, sample, scripted_engine
+from model_helpers import assert_mask, call_text, sample, scripted_engine
 from transformers import AutoTokenizer
 
 from verl_agent.config import RolloutConfig
 from verl_agent.parsers import get_parser
 from verl_agent.reward import load_reward_fn
 from verl_agent.rollout.agent_function import AgentFunctionLoop
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.engine.contract import SamplingParams
 from verl_agent.rollout.openai_server import OpenAIServer
 
 openai = pytest.importorskip("openai")

@@ -6,15 +6,15 @@ import math
 
 import pytest
 import torch
-from rollout_helpers import sample, scripted_engine
+from model_helpers import sample, scripted_engine
 
 from verl_agent.protocol import RolloutBatch, Trajectory, Turn
 from verl_agent.rollout.agent_loop import AgentLoop
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.engine.contract import SamplingParams
 from verl_agent.rollout.metrics import summarize
 from verl_agent.rollout.observations import truncate
 from verl_agent.rollout.records import read_records, write_records
-from verl_agent.rollout.sampling import RowParams, filter_top_k_top_p, sample as sample_tokens
+from verl_agent.engine.sampling import RowParams, filter_top_k_top_p, sample as sample_tokens
 
 
 def test_filter_top_k_top_p_by_hand():

@@ -10,10 +10,10 @@ import asyncio
 
 import pytest
 
-from rollout_helpers import CountingTool, call_text, sample, scripted_engine
+from model_helpers import CountingTool, call_text, sample, scripted_engine
 
 from verl_agent.rollout.agent_loop import AgentLoop
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.engine.contract import SamplingParams
 from verl_agent.rollout.stream import RolloutStream
 
 SP = SamplingParams(max_new_tokens=64, seed=5)
@@ -142,9 +142,9 @@ async def test_a_loop_that_raises_gives_infra_failures_of_the_current_version(ch
 async def test_partial_rollout_at_a_token_boundary_records_the_version_of_every_token(chat_tokenizer, rollout_cfg):
     """With the real `hf` engine (continuous scheduler) the update interrupts turns mid-generation: each
     turn's tokens carry their own versions, old then new, and the records keep them."""
-    from rollout_helpers import random_qwen2
+    from model_helpers import random_qwen2
 
-    from verl_agent.rollout.hf_engine import HFEngine
+    from verl_agent.engine.hf_engine import HFEngine
     from verl_agent.rollout.metrics import summarize
     from verl_agent.rollout.records import trajectory_record
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from rollout_helpers import CountingTool, call_text, sample, scripted_engine
+from model_helpers import CountingTool, call_text, sample, scripted_engine
 
 from verl_agent.interactions.base import BaseInteraction
 from verl_agent.protocol import RolloutBatch
 from verl_agent.reward import load_reward_fn
 from verl_agent.rollout.agent_loop import AgentLoop
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.engine.contract import SamplingParams
 from verl_agent.rollout.records import trajectory_record, write_records
 from verl_agent.trainer.batch import from_trajectory, pad_field
 from verl_agent.trainer.prepare import turn_token_rewards

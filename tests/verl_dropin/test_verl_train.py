@@ -25,7 +25,7 @@ from verl_agent.config import load_config
 from verl_agent.data import load_samples
 from verl_agent.interactions.gsm8k import CORRECT, INCORRECT
 from verl_agent.rollout.build import build_agent_loop, build_reward
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.engine.contract import SamplingParams
 
 helpers = load_repo_module("tests/examples/example_helpers.py")
 TRUTH = {q: solution(a) for q, a in PROBLEMS}

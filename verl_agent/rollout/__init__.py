@@ -1,6 +1,8 @@
-"""Rollout: the `Engine` contract, the HF engine, the SGLang engine and the multi-turn agent loop.
+"""Rollout: the agent side. The multi-turn agent loop, the rollout stream (continuous rollouts that pause
+for weight swaps), the OpenAI-compatible endpoint and its recorder, tool observations, and `build`, which
+turns a config into all of these over an engine from `verl_agent.engine`.
 
-Heavy modules (torch, transformers) load on first attribute access.
+Heavy modules load on first attribute access.
 """
 
 from __future__ import annotations
@@ -8,23 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from verl_agent.rollout.engine import Engine, EngineContractError, GenerateOutput, SamplingParams, check_engine
-
-__all__ = [
-    "AgentLoop",
-    "Engine",
-    "EngineContractError",
-    "GenerateOutput",
-    "HFEngine",
-    "SGLangEngine",
-    "SamplingParams",
-    "check_engine",
-    "summarize",
-]
+__all__ = ["AgentLoop", "summarize"]
 
 _LAZY = {
-    "HFEngine": "verl_agent.rollout.hf_engine",
-    "SGLangEngine": "verl_agent.rollout.sglang_engine",
     "AgentLoop": "verl_agent.rollout.agent_loop",
     "summarize": "verl_agent.rollout.metrics",
 }

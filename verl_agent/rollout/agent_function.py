@@ -46,7 +46,7 @@ from typing import Any
 
 from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Sample, Trajectory
 from verl_agent.rollout.agent_loop import InfraFailure, score_with_reward_fn
-from verl_agent.rollout.engine import Engine, SamplingParams
+from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.rollout.openai_server import OpenAIServer
 from verl_agent.rollout.recorder import SessionRecorder
 

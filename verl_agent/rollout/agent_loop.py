@@ -48,7 +48,7 @@ from typing import Any
 from verl_agent.parsers import decode_reply
 from verl_agent.protocol import SUCCESS_THRESHOLD, Message, RolloutBatch, Sample, Trajectory, Turn
 from verl_agent.reward import default_scorer
-from verl_agent.rollout.engine import Engine, SamplingParams
+from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.rollout.observations import run_tool_calls
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from verl_agent.config import (
 )
 from verl_agent.protocol import Sample, Trajectory
 from verl_agent.rollout.agent_loop import AgentLoop
-from verl_agent.rollout.engine import Engine, SamplingParams
+from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.rollout.stream import PausableEngine
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
     SGLang servers are started by `await engine.start()`.
     """
     if rollout.name == "hf":
-        from verl_agent.rollout.hf_engine import HFEngine
+        from verl_agent.engine.hf_engine import HFEngine
 
         return HFEngine(
             model, device=device, dtype=rollout.dtype, max_batch_size=rollout.max_batch_size, seed=seed,
@@ -104,7 +104,7 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
             max_num_batched_tokens=rollout.max_num_batched_tokens,
             gpu_memory_utilization=rollout.gpu_memory_utilization, torch_compile=rollout.enable_torch_compile,
         )  # fmt: skip
-    from verl_agent.rollout.sglang_engine import SGLangEngine
+    from verl_agent.engine.sglang_engine import SGLangEngine
 
     sg = rollout.sglang
     if own_server and sg.url:

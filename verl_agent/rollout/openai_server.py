@@ -31,7 +31,7 @@ from typing import Any
 # module level: FastAPI resolves the handlers' string annotations (Request) in this module's globals
 from fastapi import FastAPI
 
-from verl_agent.rollout.engine import Engine, SamplingParams
+from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.rollout.openai_wire import (
     ChatRequest, RequestError, StreamText, chunk_head, completion_body, content_chunk, error_body, final_chunks,
     forced_prefix, parse_request, role_chunk,

@@ -27,7 +27,7 @@ from typing import Any
 from verl_agent.chat import ChatEncoder, ChatTemplateError
 from verl_agent.parsers import decode_reply
 from verl_agent.protocol import Message, ToolCall, Trajectory, Turn
-from verl_agent.rollout.engine import GenerateOutput, SamplingParams
+from verl_agent.engine.contract import GenerateOutput, SamplingParams
 
 __all__ = ["BudgetExceeded", "Reply", "Segment", "SessionRecorder", "message_key"]
 

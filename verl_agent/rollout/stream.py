@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from verl_agent.protocol import Sample, Trajectory
-from verl_agent.rollout.engine import GenerateOutput, SamplingParams
+from verl_agent.engine.contract import GenerateOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl_agent.protocol import Sample
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.engine.contract import SamplingParams
 from verl_agent.trainer.batch import TrainSeq
 from verl_agent.trainer.rollout_worker import RolloutWorker
 from verl_agent.trainer.worker import AdvantageResult, RolloutResult, TrainWorker, pause_drains

@@ -27,10 +27,10 @@ import ray
 import torch
 
 from verl_agent.protocol import Sample, Trajectory
-from verl_agent.rollout.engine import SamplingParams, counter_changes
+from verl_agent.engine.contract import SamplingParams, counter_changes
 from verl_agent.rollout.metrics import TrajectorySummary
 from verl_agent.rollout.stream import Group, RolloutStream
-from verl_agent.rollout.tensor_handles import loads_by_handle, memory_key
+from verl_agent.engine.tensor_handles import loads_by_handle, memory_key
 
 logger = logging.getLogger(__name__)
 

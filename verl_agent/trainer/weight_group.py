@@ -16,7 +16,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from verl_agent.rollout.tensor_handles import FlatSpec, flat_views, pack_flat
+from verl_agent.engine.tensor_handles import FlatSpec, flat_views, pack_flat
 
 __all__ = ["WeightGroup"]
 

@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 
 from verl_agent.protocol import Sample, Trajectory
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.engine.contract import SamplingParams
 from verl_agent.rollout.metrics import TrajectorySummary
 from verl_agent.rollout.stream import Group
-from verl_agent.rollout.tensor_handles import HandleStaging, dumps_by_handle, flat_specs, memory_key
+from verl_agent.engine.tensor_handles import HandleStaging, dumps_by_handle, flat_specs, memory_key
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.actor import (
     MicroBatching, forward_log_probs, forward_values, micro_batches, reduce_op, update_actor, update_critic,

@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from verl_agent.rollout.engine import SamplingParams
-from verl_agent.rollout.kv_pool import KVBudget
-from verl_agent.rollout.model_runner import ModelRunner
-from verl_agent.rollout.sampling import RowParams, row_rng, sample
-from verl_agent.rollout.scheduler import Chunk, Scheduler
-from verl_agent.rollout.sequence import Seq, SeqState
+from verl_agent.engine.contract import SamplingParams
+from verl_agent.engine.kv_pool import KVBudget
+from verl_agent.engine.model_runner import ModelRunner
+from verl_agent.engine.sampling import RowParams, row_rng, sample
+from verl_agent.engine.scheduler import Chunk, Scheduler
+from verl_agent.engine.sequence import Seq, SeqState
 
 logger = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ from typing import Any, Literal
 
 import torch
 
-from verl_agent.rollout.continuous import ContinuousBatcher, KVCacheOverflowError
-from verl_agent.rollout.decoding import DecodeSettings, StaticState, decode_batch
-from verl_agent.rollout.engine import GenerateOutput, SamplingParams
-from verl_agent.rollout.kv_pool import plan_budget
+from verl_agent.engine.continuous import ContinuousBatcher, KVCacheOverflowError
+from verl_agent.engine.decoding import DecodeSettings, StaticState, decode_batch
+from verl_agent.engine.contract import GenerateOutput, SamplingParams
+from verl_agent.engine.kv_pool import plan_budget
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from verl_agent.rollout.engine import FinishReason, GenerateOutput, SamplingParams
+from verl_agent.engine.contract import FinishReason, GenerateOutput, SamplingParams
 
 
 class SeqState(Enum):

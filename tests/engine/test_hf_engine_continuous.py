@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import torch
 
-from verl_agent.rollout.engine import SamplingParams
-from verl_agent.rollout.hf_engine import HFEngine, KVCacheOverflowError
-from verl_agent.rollout.kv_pool import kv_bytes_per_token
-from verl_agent.rollout.slots import SlotTable
+from verl_agent.engine.contract import SamplingParams
+from verl_agent.engine.hf_engine import HFEngine, KVCacheOverflowError
+from verl_agent.engine.kv_pool import kv_bytes_per_token
+from verl_agent.engine.slots import SlotTable
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 TOOL = [40, 41, 42, 43, 44]  # "tool output" appended between turns
@@ -188,8 +188,8 @@ async def test_running_sequences_are_packed_into_the_lowest_slots(small_model):
 
 
 def test_prefill_chunks_stay_within_the_token_budget_and_cover_every_prompt():
-    from verl_agent.rollout.scheduler import Scheduler
-    from verl_agent.rollout.sequence import Seq, SeqState
+    from verl_agent.engine.scheduler import Scheduler
+    from verl_agent.engine.sequence import Seq, SeqState
 
     loop = asyncio.new_event_loop()
     sched = Scheduler(n_slots=3, max_num_batched_tokens=64)
@@ -214,8 +214,8 @@ def test_prefill_chunks_stay_within_the_token_budget_and_cover_every_prompt():
 
 
 def test_waiting_tokens_count_only_what_a_session_must_prefill():
-    from verl_agent.rollout.scheduler import Scheduler
-    from verl_agent.rollout.sequence import Seq
+    from verl_agent.engine.scheduler import Scheduler
+    from verl_agent.engine.sequence import Seq
 
     loop = asyncio.new_event_loop()
     sched = Scheduler(n_slots=2, max_num_batched_tokens=64)
@@ -241,8 +241,8 @@ def test_a_released_session_whose_request_is_dropped_is_forgotten():
     """Trajectories cancelled while their requests wait for a slot, then released: dropping those requests
     forgets their sessions (nothing will free them), while a session whose other request still runs stays
     marked until that one ends; drain() forgets every session too. Before, each such session stayed for good."""
-    from verl_agent.rollout.scheduler import Scheduler
-    from verl_agent.rollout.sequence import Seq
+    from verl_agent.engine.scheduler import Scheduler
+    from verl_agent.engine.sequence import Seq
 
     loop = asyncio.new_event_loop()
     sched = Scheduler(n_slots=1, max_num_batched_tokens=64)
@@ -279,7 +279,7 @@ async def test_a_weight_update_at_a_token_boundary_continues_under_the_new_weigh
     the same call goes on: its first k tokens are the old policy's sample, the rest the new policy's."""
     import copy
 
-    from rollout_helpers import random_qwen2
+    from model_helpers import random_qwen2
 
     from verl_agent.rollout.stream import PausableEngine
 
@@ -325,7 +325,7 @@ async def test_an_engine_that_cannot_interrupt_is_paused_at_the_end_of_its_calls
 
 async def test_counter_changes_give_one_rounds_work_and_keep_gauges(small_model):
     """What the trainer logs per step: counters differenced between two metrics() calls, gauges as they are."""
-    from verl_agent.rollout.engine import ENGINE_GAUGES, counter_changes
+    from verl_agent.engine.contract import ENGINE_GAUGES, counter_changes
 
     eng = engine(small_model, max_num_seqs=4)
     sp = SamplingParams(temperature=0.0, max_new_tokens=6)

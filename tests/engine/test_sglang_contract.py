@@ -16,9 +16,9 @@ import pytest
 import torch
 from sglang_cpu import sglang_python
 
-from verl_agent.rollout import sglang_engine as se
-from verl_agent.rollout.engine import SamplingParams
-from verl_agent.rollout.tensor_handles import share_cpu
+from verl_agent.engine import sglang_engine as se
+from verl_agent.engine.contract import SamplingParams
+from verl_agent.engine.tensor_handles import share_cpu
 
 pytestmark = pytest.mark.sglang
 

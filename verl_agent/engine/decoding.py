@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from verl_agent.rollout.engine import GenerateOutput, SamplingParams
-from verl_agent.rollout.sampling import RowParams, sample
+from verl_agent.engine.contract import GenerateOutput, SamplingParams
+from verl_agent.engine.sampling import RowParams, sample
 
 logger = logging.getLogger(__name__)
 

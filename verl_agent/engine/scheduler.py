@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from verl_agent.rollout.sequence import Seq, SeqState
-from verl_agent.rollout.slots import SlotTable
+from verl_agent.engine.sequence import Seq, SeqState
+from verl_agent.engine.slots import SlotTable
 
 Chunk = tuple[Seq, int, int]  # (sequence, first prompt position, end position) written this step
 

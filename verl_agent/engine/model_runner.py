@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from verl_agent.rollout.kv_pool import KVBudget, SlotKVPool, slot_attention_enabled
+from verl_agent.engine.kv_pool import KVBudget, SlotKVPool, slot_attention_enabled
 
 logger = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from typing import Any
 import httpx
 import torch
 
-from verl_agent.rollout.engine import GenerateOutput, SamplingParams
-from verl_agent.rollout.tensor_handles import dumps_by_handle, share_cpu
+from verl_agent.engine.contract import GenerateOutput, SamplingParams
+from verl_agent.engine.tensor_handles import dumps_by_handle, share_cpu
 
 __all__ = [
     "SGLangEngine", "SGLangError", "SUPPORTED_SGLANG_VERSIONS",

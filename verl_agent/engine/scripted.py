@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from verl_agent.rollout.engine import GenerateOutput, SamplingParams
+from verl_agent.engine.contract import GenerateOutput, SamplingParams
 
 __all__ = ["ScriptedEngine"]
 

@@ -11,10 +11,10 @@ import asyncio
 import pytest
 import torch
 
-from rollout_helpers import random_qwen2
+from model_helpers import random_qwen2
 from sglang_cpu import CPU_ARGS, CPU_ENV, sglang_python
-from verl_agent.rollout.engine import SamplingParams
-from verl_agent.rollout.sglang_engine import SGLangEngine
+from verl_agent.engine.contract import SamplingParams
+from verl_agent.engine.sglang_engine import SGLangEngine
 from verl_agent.rollout.stream import PausableEngine
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """HFEngine's GPU fast path (static cache + compiled decode step) against the eager dynamic-cache path.
 
 Skipped without CUDA. Also runnable as a script on a GPU box without pytest:
-`python tests/rollout/test_hf_engine_gpu.py`.
+`python tests/engine/test_hf_engine_gpu.py`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def _model():
 
 
 async def _compare() -> None:
-    from verl_agent.rollout.engine import SamplingParams, check_engine
-    from verl_agent.rollout.hf_engine import HFEngine
+    from verl_agent.engine.contract import SamplingParams, check_engine
+    from verl_agent.engine.hf_engine import HFEngine
 
     model = _model()
     fast = HFEngine(model, device="cuda", stop_on_eos=False, scheduler="batch")  # static + compiled on CUDA
@@ -57,8 +57,8 @@ async def _compare() -> None:
 
 async def _compare_continuous() -> None:
     """Continuous scheduler: CUDA-graph decode == eager decode == batch scheduler; KV reuse == full prefill."""
-    from verl_agent.rollout.engine import SamplingParams, check_engine
-    from verl_agent.rollout.hf_engine import HFEngine
+    from verl_agent.engine.contract import SamplingParams, check_engine
+    from verl_agent.engine.hf_engine import HFEngine
 
     model = _model()
     graphs = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512)  # graphs by default on CUDA
@@ -96,8 +96,8 @@ async def _decode_beside_training() -> None:
     stream and hands over at once are what the engine then samples with."""
     import time
 
-    from verl_agent.rollout.engine import SamplingParams
-    from verl_agent.rollout.hf_engine import HFEngine
+    from verl_agent.engine.contract import SamplingParams
+    from verl_agent.engine.hf_engine import HFEngine
 
     model = _model()
     engine = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512)

@@ -1,4 +1,4 @@
-"""Shared helpers for rollout tests: scripted engines and the token-exactness check."""
+"""Shared test helpers: scripted engines and the token-exactness check."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from verl_agent.chat import ChatEncoder
 from verl_agent.protocol import Message, Sample, Trajectory
-from verl_agent.rollout.scripted import ScriptedEngine
+from verl_agent.engine.scripted import ScriptedEngine
 from verl_agent.tools import BaseTool, ToolResponse
 
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from verl_agent.rollout.engine import SamplingParams
-from verl_agent.rollout.sglang_engine import SGLangEngine
+from verl_agent.engine.contract import SamplingParams
+from verl_agent.engine.sglang_engine import SGLangEngine
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sglang, pytest.mark.slow]
 

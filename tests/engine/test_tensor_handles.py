@@ -1,4 +1,4 @@
-"""Tensors passed to another process by handle (verl_agent/rollout/tensor_handles.py): a real spawned process
+"""Tensors passed to another process by handle (verl_agent/engine/tensor_handles.py): a real spawned process
 maps the sender's shared memory, reads exact values of every dtype, and a reused staging buffer carries
 the next bucket. CUDA IPC needs a GPU and is not exercised here."""
 
@@ -8,12 +8,12 @@ import multiprocessing as mp
 
 import torch
 
-from verl_agent.rollout.tensor_handles import HandleStaging, dumps_by_handle, memory_key
+from verl_agent.engine.tensor_handles import HandleStaging, dumps_by_handle, memory_key
 from verl_agent.trainer.controller import weight_routes
 
 
 def _read_in_child(blob: bytes, out) -> None:
-    from verl_agent.rollout.tensor_handles import loads_by_handle, memory_key
+    from verl_agent.engine.tensor_handles import loads_by_handle, memory_key
 
     bucket = loads_by_handle(blob)  # values go back as lists: the queue must not share memory itself
     out.put(([(n, str(t.dtype), list(t.shape), t.float().flatten().tolist()) for n, t in bucket],

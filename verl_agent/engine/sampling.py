@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_agent.rollout.engine import SamplingParams
+from verl_agent.engine.contract import SamplingParams
 
 
 def row_rng(sampling: SamplingParams) -> random.Random | None:

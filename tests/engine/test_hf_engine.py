@@ -7,10 +7,10 @@ import threading
 
 import pytest
 import torch
-from rollout_helpers import random_qwen2
+from model_helpers import random_qwen2
 
-from verl_agent.rollout.engine import EngineContractError, SamplingParams, check_engine
-from verl_agent.rollout.hf_engine import EngineClosedError, HFEngine
+from verl_agent.engine.contract import EngineContractError, SamplingParams, check_engine
+from verl_agent.engine.hf_engine import EngineClosedError, HFEngine
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19, 20]]
 

@@ -1,0 +1,35 @@
+"""The inference engine: the `Engine` contract, the HF engine (continuous batching over a slot KV cache),
+the SGLang engine, and tensor handles for weight transfer.
+
+Heavy modules (torch, transformers) load on first attribute access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from verl_agent.engine.contract import Engine, EngineContractError, GenerateOutput, SamplingParams, check_engine
+
+__all__ = [
+    "Engine",
+    "EngineContractError",
+    "GenerateOutput",
+    "HFEngine",
+    "SGLangEngine",
+    "SamplingParams",
+    "ScriptedEngine",
+    "check_engine",
+]
+
+_LAZY = {
+    "HFEngine": "verl_agent.engine.hf_engine",
+    "SGLangEngine": "verl_agent.engine.sglang_engine",
+    "ScriptedEngine": "verl_agent.engine.scripted",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'verl_agent.engine' has no attribute {name!r}")
