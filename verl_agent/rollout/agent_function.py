@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from verl_agent.imports import import_object
 from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Sample, Trajectory
 from verl_agent.rollout.agent_loop import InfraFailure, score_with_reward_fn
 from verl_agent.engine.contract import Engine, SamplingParams
@@ -59,10 +59,6 @@ _BUDGET = ("response_budget", "engine_length", "max_assistant_turns")
 
 def load_entrypoint(spec: str) -> Callable[..., Any]:
     """'module:function', 'module.function' or 'path/file.py:function' -> an async function."""
-    from verl_agent.tools.registry import import_object
-
-    if "" not in sys.path:  # a module next to where the run was started
-        sys.path.insert(0, "")
     try:
         fn = import_object(spec)
     except (ImportError, AttributeError) as e:
