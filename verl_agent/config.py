@@ -114,8 +114,8 @@ class ActorConfig(Section):
     ppo_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = Field(16384, ge=1, description="token budget of one micro-batch (padded "
-                                           "tokens; verl's default. 4096 made a 0.5B update on an H100 3.9x slower: "
-                                           "host-bound, one pass of kernel launches per micro-batch)")
+                                           "tokens; verl's default). Each micro-batch is one pass of kernel "
+                                           "launches, so a small budget makes small-model updates host-bound")
     ppo_epochs: int = Field(1, ge=1)
     old_log_prob_source: Literal["auto", "actor", "rollout"] = Field(
         "auto", description="PPO's old log-probs. auto: the actor's current ones, detached, when the batch is "
@@ -331,8 +331,9 @@ class TrainerConfig(Section):
     save_freq: int = Field(-1, description="checkpoint every N steps; -1: only at the end")
     checkpoint_compression: Literal["auto", "none", "zstd"] = Field(
         "auto", description="zstd: store each tensor's most significant bytes (float sign + exponent) zstd-"
-        "compressed, the rest as is: bf16 weights + AdamW moments shrink to ~2/3, so saves that wait on the "
-        "disk get faster, at ~0.3 GB/s of input per core. auto: zstd where a worker may use 8+ cores and zstandard is installed, else none")
+        "compressed, the rest as is: bf16 weights and AdamW moments shrink, so saves that wait on the disk get "
+        "faster at a CPU cost per byte. auto: zstd where a worker may use 8+ cores and zstandard is installed, "
+        "else none")
     test_freq: int = Field(-1, description="validate every N steps; -1: only before/after")
     val_before_train: bool = True
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from verl_agent.sandbox.api import (
+    DEFAULT_URL,
     CLIENT_HEADER, RETRY_HEADER, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse,
 )
 
@@ -53,7 +54,7 @@ class ClientLimits:
 
 
 class SandboxClient:
-    def __init__(self, url: str = "http://127.0.0.1:8080", limits: ClientLimits | None = None,
+    def __init__(self, url: str = DEFAULT_URL, limits: ClientLimits | None = None,
                  transport: httpx.AsyncBaseTransport | None = None):
         self.url, self.limits = url.rstrip("/"), limits or ClientLimits()
         lim = self.limits
