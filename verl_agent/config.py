@@ -231,7 +231,7 @@ class RolloutConfig(Section):
                                           "sglang's --mem-fraction-static")
     enable_torch_compile: bool = Field(False, description="torch.compile the decode step: hf continuous compiles "
                                        "its forward before the CUDA-graph capture (compiles at the first decode "
-                                       "shapes: ~2 min for a 7B model); sglang: --enable-torch-compile")
+                                       "shapes, minutes for a large model); sglang: --enable-torch-compile")
     free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
                                     "the actor trains; trainer.mode=sync only (the async modes keep generating)")
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
