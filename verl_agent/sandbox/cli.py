@@ -11,6 +11,7 @@ import logging
 import shutil
 import subprocess
 from importlib import resources
+from typing import Any
 
 from verl_agent.sandbox.api import DEFAULT_MEMORY_MB, DEFAULT_PORT
 from verl_agent.sandbox.backends.base import SandboxBackend
@@ -40,7 +41,7 @@ def make_backend(name: str = "auto", image: str | None = None, memory_mb: int = 
 
 
 def serve(backend: str = "auto", host: str = "127.0.0.1", port: int = DEFAULT_PORT, image: str | None = None,
-          log_level: str = "info", instance_id: str | None = None, **settings) -> None:
+          log_level: str = "info", instance_id: str | None = None, **settings: Any) -> None:
     """Run the server in the foreground; ``settings`` are ``ServiceSettings`` fields (validated)."""
     import uvicorn
 
