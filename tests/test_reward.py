@@ -85,14 +85,16 @@ def test_bad_results_are_per_sample_errors(tmp_path, body, match):
 def test_load_errors_name_the_problem(tmp_path):
     with pytest.raises(RewardError, match="does not exist"):
         load_reward_fn(f"{tmp_path}/nope.py:f")
-    with pytest.raises(RewardError, match="no callable 'g'"):
+    with pytest.raises(RewardError, match="has no attribute 'g'"):
         load_reward_fn(f"{write(tmp_path, 'def f(a, b): return 1')}:g")
-    with pytest.raises(RewardError, match="cannot import module 'no_such_mod_xyz'"):
+    with pytest.raises(RewardError, match="cannot load reward function 'no_such_mod_xyz.f': No module named 'no_such_mod_xyz'"):
         load_reward_fn("no_such_mod_xyz.f")
     with pytest.raises(RewardError, match="must be 'module.func'"):
         load_reward_fn("justaname")
     with pytest.raises(RewardError, match="importing .* failed: ZeroDivisionError"):
         load_reward_fn(f"{write(tmp_path, '1/0', name='broken.py')}:f")
+    with pytest.raises(RewardError, match="names int 3, not a callable"):
+        load_reward_fn(f"{write(tmp_path, 'X = 3', name='const.py')}:X")
     with pytest.raises(RewardError, match="expected \\(generated_text, ground_truth\\)"):
         load_reward_fn(f"{write(tmp_path, 'def f(a, b, c): return 1', name='three.py')}:f")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -114,8 +115,8 @@ class ActorConfig(Section):
     ppo_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = Field(16384, ge=1, description="token budget of one micro-batch (padded "
-                                           "tokens; verl's default. 4096 made a 0.5B update on an H100 3.9x slower: "
-                                           "host-bound, one pass of kernel launches per micro-batch)")
+                                           "tokens; verl's default). Each micro-batch is one pass of kernel "
+                                           "launches, so a small budget makes small-model updates host-bound")
     ppo_epochs: int = Field(1, ge=1)
     old_log_prob_source: Literal["auto", "actor", "rollout"] = Field(
         "auto", description="PPO's old log-probs. auto: the actor's current ones, detached, when the batch is "
@@ -230,7 +231,7 @@ class RolloutConfig(Section):
                                           "sglang's --mem-fraction-static")
     enable_torch_compile: bool = Field(False, description="torch.compile the decode step: hf continuous compiles "
                                        "its forward before the CUDA-graph capture (compiles at the first decode "
-                                       "shapes: ~2 min for a 7B model); sglang: --enable-torch-compile")
+                                       "shapes, minutes for a large model); sglang: --enable-torch-compile")
     free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
                                     "the actor trains; trainer.mode=sync only (the async modes keep generating)")
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
@@ -331,8 +332,9 @@ class TrainerConfig(Section):
     save_freq: int = Field(-1, description="checkpoint every N steps; -1: only at the end")
     checkpoint_compression: Literal["auto", "none", "zstd"] = Field(
         "auto", description="zstd: store each tensor's most significant bytes (float sign + exponent) zstd-"
-        "compressed, the rest as is: bf16 weights + AdamW moments shrink to ~2/3, so saves that wait on the "
-        "disk get faster, at ~0.3 GB/s of input per core. auto: zstd where a worker may use 8+ cores and zstandard is installed, else none")
+        "compressed, the rest as is: bf16 weights and AdamW moments shrink, so saves that wait on the disk get "
+        "faster at a CPU cost per byte. auto: zstd where a worker may use 8+ cores and zstandard is installed, "
+        "else none")
     test_freq: int = Field(-1, description="validate every N steps; -1: only before/after")
     val_before_train: bool = True
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
@@ -416,16 +418,26 @@ class RunConfig(Section):
         return self
 
 
+_Refuse = Callable[[bool, str, Any, str], None]  # refuse(when, key, value, what to use instead)
+
+
 def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
     """(key, value, what to use instead) for every non-default value whose machinery does not exist here."""
-    arr, a, d = c.actor_rollout_ref, c.algorithm, c.data
-    r, out = arr.rollout, []
+    out: list[tuple[str, Any, str]] = []
 
     def refuse(when: bool, key: str, value: Any, hint: str) -> None:
         if when:
             out.append((key, value, hint))
 
-    t = c.trainer
+    for step in (_refuse_modes, _refuse_placement, _refuse_verl_spellings, _refuse_fsdp_and_logger):
+        step(c, refuse)
+    return out
+
+
+def _refuse_modes(c: RunConfig, refuse: _Refuse) -> None:
+    """Resuming, devices, mini-batches and the keys only one trainer.mode reads."""
+    arr, d, t = c.actor_rollout_ref, c.data, c.trainer
+    r, is_level = arr.rollout, c.algorithm.rollout_correction.rollout_is
     refuse(t.resume_from_path is not None and t.resume_mode != "resume_path", "trainer.resume_from_path",
            t.resume_from_path, f"only trainer.resume_mode=resume_path uses it (resume_mode is {t.resume_mode})")
     refuse(t.device == "cuda" and t.n_gpus_per_node == 0, "trainer.device", "cuda",
@@ -433,7 +445,6 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
     mini = arr.actor.ppo_mini_batch_size
     refuse(mini < d.train_batch_size and d.train_batch_size % mini != 0, "actor_rollout_ref.actor.ppo_mini_batch_size",
            mini, f"must divide data.train_batch_size ({d.train_batch_size}) into whole mini-batches")
-    is_level = a.rollout_correction.rollout_is
     refuse(arr.actor.old_log_prob_source == "rollout" and is_level != "none" and (is_level != "auto" or t.mode != "sync"),
            "actor_rollout_ref.actor.old_log_prob_source", "rollout",
            f"the rollout correction (algorithm.rollout_correction.rollout_is={is_level}, mode {t.mode}) weighs the "
@@ -444,6 +455,12 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
            f"only trainer.mode=async uses it (one_step_off always lets started trajectories finish; mode is {t.mode})")
     refuse(r.mode != "async", "actor_rollout_ref.rollout.mode", r.mode,
            "the agent loop always runs trajectories concurrently; leave it at async")
+
+
+def _refuse_placement(c: RunConfig, refuse: _Refuse) -> None:
+    """Keys that only one trainer.placement reads, and layouts that are fixed here."""
+    arr, t = c.actor_rollout_ref, c.trainer
+    r = arr.rollout
     refuse(not arr.hybrid_engine and t.placement == "colocated", "actor_rollout_ref.hybrid_engine", False,
            "without the colocated hybrid engine, set trainer.placement=split (and trainer.rollout_workers)")
     refuse(t.placement == "colocated" and t.rollout_workers != 1, "trainer.rollout_workers", t.rollout_workers,
@@ -457,7 +474,13 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
            r.tensor_model_parallel_size, "each worker runs one engine replica; use 1")
     refuse(not arr.model.use_remove_padding, "actor_rollout_ref.model.use_remove_padding", False,
            "sequences are always packed without padding; leave it true")
-    refuse(not d.return_raw_chat, "data.return_raw_chat", False, "the agent loop always keeps the chat messages")
+    refuse(not c.data.return_raw_chat, "data.return_raw_chat", False, "the agent loop always keeps the chat messages")
+
+
+def _refuse_verl_spellings(c: RunConfig, refuse: _Refuse) -> None:
+    """verl's deprecated keys, and algorithm keys the chosen estimator does not read."""
+    arr, a, d = c.actor_rollout_ref, c.algorithm, c.data
+    r = arr.rollout
     for key, value in [("actor_rollout_ref.actor.ppo_micro_batch_size", arr.actor.ppo_micro_batch_size),
                        ("actor_rollout_ref.rollout.log_prob_micro_batch_size", r.log_prob_micro_batch_size),
                        ("actor_rollout_ref.ref.log_prob_micro_batch_size", arr.ref.log_prob_micro_batch_size),
@@ -475,6 +498,11 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
            "actor_rollout_ref.rollout.prompt_length", r.prompt_length, "set data.max_prompt_length instead")
     refuse(r.response_length is not None and r.response_length != d.max_response_length,
            "actor_rollout_ref.rollout.response_length", r.response_length, "set data.max_response_length instead")
+
+
+def _refuse_fsdp_and_logger(c: RunConfig, refuse: _Refuse) -> None:
+    """Sharding and offload layouts that are not implemented, and loggers we do not have."""
+    arr = c.actor_rollout_ref
     gpu = c.trainer.n_gpus_per_node > 0 and c.trainer.device != "cpu"
     for name, fsdp in [("actor", arr.actor.fsdp_config), ("ref", arr.ref.fsdp_config)]:
         key = f"actor_rollout_ref.{name}.fsdp_config"
@@ -489,7 +517,6 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
                "FSDP2 offloads parameters, gradients and optimizer state together: set param_offload=true")
     refuse(bool(set(c.trainer.logger) - {"console", "tensorboard"}), "trainer.logger", c.trainer.logger,
            "supported loggers: console, tensorboard (metrics.jsonl is always written)")
-    return out
 
 
 # ---------------------------------------------------------------- loading

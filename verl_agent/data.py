@@ -9,7 +9,7 @@ Two row formats are accepted in the same file:
   to the reward function whole; ``extra_info.need_tools_kwargs`` with empty ``tools_kwargs`` is warned
   about, as verl does)
 
-Files are never loaded whole: JSONL is read line by line and parquet batch by batch, so a 2 GB file
+Files are never loaded whole: JSONL is read line by line and parquet batch by batch, so a file of any size
 starts at once. A malformed row raises `DataError` naming the file and line (parquet: row number);
 with ``skip_bad_rows`` it is skipped, counted in `StreamingDataset.skipped` and logged.
 """

@@ -19,15 +19,13 @@ score 0.0 and `RewardResult.error` says what went wrong (the trainer counts and 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from verl_agent.imports import import_object, is_file_spec
 
 __all__ = ["DEFAULT_SCORERS", "RewardError", "RewardFunction", "RewardResult", "default_scorer", "load_reward_fn"]
 
@@ -45,33 +43,14 @@ class RewardResult:
 
 
 def _import_callable(spec: str) -> Callable[..., Any]:
-    if ":" in spec and (spec.split(":", 1)[0].endswith(".py") or "/" in spec):
-        file_part, _, name = spec.rpartition(":")
-        path = Path(file_part)
-        if not path.is_file():
-            raise RewardError(f"reward function file {path} does not exist (spec {spec!r})")
-        mod_name = f"verl_agent_reward_{abs(hash(str(path.resolve())))}"
-        module_spec = importlib.util.spec_from_file_location(mod_name, path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[mod_name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as e:
-            raise RewardError(f"importing {path} for reward function failed: {type(e).__name__}: {e}") from e
-    else:
-        mod_path, _, name = spec.rpartition(".")
-        if not mod_path:
-            raise RewardError(f"reward function spec {spec!r} must be 'module.func' or 'path/file.py:func'")
-        if "" not in sys.path:
-            sys.path.insert(0, "")
-        try:
-            module = importlib.import_module(mod_path)
-        except ImportError as e:
-            raise RewardError(f"cannot import module {mod_path!r} for reward function {spec!r}: {e}") from e
-    fn = getattr(module, name, None)
+    if not is_file_spec(spec) and "." not in spec:
+        raise RewardError(f"reward function spec {spec!r} must be 'module.func' or 'path/file.py:func'")
+    try:
+        fn = import_object(spec)
+    except (ImportError, AttributeError) as e:
+        raise RewardError(f"cannot load reward function {spec!r}: {e}") from e
     if not callable(fn):
-        raise RewardError(f"{spec!r}: module has no callable {name!r}")
+        raise RewardError(f"{spec!r} names {type(fn).__name__} {fn!r:.60}, not a callable")
     return fn
 
 

@@ -84,7 +84,7 @@ def test_default_name_follows_verl(tmp_path, monkeypatch):
         (f"interaction:\n  - class_name: {MATH}\n    config: 3\n", "'config' must be a mapping"),
         (
             f"interaction:\n  - {{name: a, class_name: {MATH}}}\n  - {{name: a, class_name: {GUESS}}}\n",
-            "interaction[1]: duplicate interaction name 'a'",
+            "interaction[1]: duplicate interaction name 'a' (also defined by interaction[0])",
         ),
         (f"interaction:\n  - class_name: {MATH}\n    config: {{max_turns: 0}}\n", "cannot build the interaction: "),
         ("interaction:\n  - class_name: verl_agent.interactions.base.last_assistant_text\n", "is not a class"),

@@ -51,3 +51,15 @@ def test_compose_up_health_run_code_down(docker_backend_cls):
     assert _containers(f"com.docker.compose.project={project}") == []
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/v1/ping", timeout=2)
+
+
+def test_compose_file_takes_its_port_from_the_cli(capfd):
+    """compose.yaml has no port of its own: the CLI passes --port, or DEFAULT_PORT (also for `down`)."""
+    from verl_agent.sandbox.api import DEFAULT_PORT
+    from verl_agent.sandbox.cli import _compose
+
+    assert _compose("verl-agent-sandbox-config-check", {}, "config") == 0
+    assert f"--port={DEFAULT_PORT}" in capfd.readouterr().out
+    assert _compose("verl-agent-sandbox-config-check", {"VERL_AGENT_SANDBOX_PORT": "9123"}, "config") == 0
+    out = capfd.readouterr().out
+    assert "--port=9123" in out and "127.0.0.1:9123/v1/ping" in out

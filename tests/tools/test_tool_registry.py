@@ -128,7 +128,7 @@ def test_a_tool_file_that_raises_is_named_every_time_and_a_refusing_constructor_
     (tmp_path / "broken.py").write_text("import os\nKEY = os.environ['VERL_AGENT_NO_SUCH_VAR']\n")
     p = write(tmp_path, "tools:\n  - class_name: broken.py:Tool\n")
     for _ in range(2):
-        with pytest.raises(ToolConfigError, match=r"tools\[0\] \(broken.py:Tool\): cannot import .*running .*broken.py "
+        with pytest.raises(ToolConfigError, match=r"tools\[0\] \(broken.py:Tool\): cannot import .*importing .*broken.py "
                            r"failed: KeyError: 'VERL_AGENT_NO_SUCH_VAR'"):
             load_tools(p)
     (tmp_path / "picky.py").write_text(
@@ -137,7 +137,7 @@ def test_a_tool_file_that_raises_is_named_every_time_and_a_refusing_constructor_
         "    def __init__(self, config, tool_schema=None):\n"
         "        raise ValueError('config.url is required')\n")
     p = write(tmp_path, "tools:\n  - class_name: picky.py:Picky\n")
-    with pytest.raises(ToolConfigError, match=r"tools\[0\] \(picky.py:Picky\): creating the tool failed: "
+    with pytest.raises(ToolConfigError, match=r"tools\[0\] \(picky.py:Picky\): cannot build the tool: "
                        r"ValueError: config.url is required"):
         load_tools(p)
 

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from verl_agent.imports import import_object
 from verl_agent.interactions.base import BaseInteraction, last_assistant_text
 from verl_agent.interactions.errors import InteractionConfigError
 
@@ -47,8 +48,6 @@ def _env_factory(config: dict[str, Any]) -> Callable[[], Any]:
             raise InteractionConfigError(f"GymInteraction: unknown Gymnasium env_id {env_id!r}: {e}") from e
         return lambda: gymnasium.make(env_id, **kwargs)
     if config.get("env"):
-        from verl_agent.tools.registry import import_object
-
         try:
             cls = import_object(config["env"])
         except (ImportError, AttributeError) as e:

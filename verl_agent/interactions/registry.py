@@ -27,12 +27,10 @@ from typing import Any
 from verl_agent.interactions.base import BaseInteraction
 from verl_agent.interactions.errors import InteractionConfigError
 from verl_agent.interactions.gym import GymInteraction
-from verl_agent.tools.registry import import_object, read_yaml_list
-from verl_agent.verl_compat import VerlNotSupported, resolve_verl_class
+from verl_agent.yaml_registry import Entry, YamlRegistry
 
 __all__ = ["build_interactions", "load_interactions", "select_interaction"]
 
-_ENTRY_KEYS = {"name", "class_name", "config"}
 _VERL_METHODS = ("start_interaction", "generate_response", "calculate_score", "finalize_interaction")
 
 
@@ -41,67 +39,36 @@ def _default_name(class_name: str) -> str:
     return class_name.rsplit(".", 1)[-1].rsplit(":", 1)[-1].replace("Interaction", "").lower()
 
 
-def _instantiate(obj: Any, config: dict[str, Any], where: str) -> Any:
+def _make_interaction(obj: Any, entry: Entry) -> Any:
+    name = entry.fields.get("name") or entry.config.get("name") or _default_name(entry.class_name)
+    config = {**entry.config, "name": name}
     if not inspect.isclass(obj):
-        raise InteractionConfigError(f"{where}: {obj!r} is not a class")
+        raise InteractionConfigError(f"{obj!r} is not a class")
     if issubclass(obj, BaseInteraction) or all(callable(getattr(obj, m, None)) for m in _VERL_METHODS):
-        return obj(config)
-    if callable(getattr(obj, "reset", None)) and callable(getattr(obj, "step", None)):
+        inter = obj(config)
+    elif callable(getattr(obj, "reset", None)) and callable(getattr(obj, "step", None)):
         env_kwargs = dict(config.get("env_kwargs") or {})
-        return GymInteraction(config, env_fn=lambda: obj(**env_kwargs))
-    raise InteractionConfigError(f"{where}: {obj.__name__} is neither a BaseInteraction nor an env with reset/step")
-
-
-def _build_one(entry: Any, where: str, base_dir: Path | None) -> Any:
-    if not isinstance(entry, Mapping):
-        raise InteractionConfigError(f"{where}: expected a mapping with 'class_name', got {type(entry).__name__}")
-    unknown = set(entry) - _ENTRY_KEYS
-    if unknown:
-        raise InteractionConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS)}")
-    class_name = entry.get("class_name")
-    if not isinstance(class_name, str) or not class_name:
-        raise InteractionConfigError(f"{where}: 'class_name' is required (a dotted import path)")
-    where = f"{where} ({class_name})"
-    config = entry.get("config") or {}
-    if not isinstance(config, Mapping):
-        raise InteractionConfigError(f"{where}: 'config' must be a mapping, got {type(config).__name__}")
-    name = entry.get("name") or config.get("name") or _default_name(class_name)
-    try:
-        obj = import_object(resolve_verl_class(class_name, "interaction"), base_dir)
-    except VerlNotSupported as e:
-        raise InteractionConfigError(f"{where}: {e}") from None
-    except (ImportError, AttributeError) as e:
-        raise InteractionConfigError(f"{where}: cannot import {class_name!r}: {e}") from e
-    try:
-        inter = _instantiate(obj, {**config, "name": name}, where)
-    except InteractionConfigError:
-        raise
-    except Exception as e:  # the interaction's own constructor refused its config
-        raise InteractionConfigError(f"{where}: cannot build the interaction: {type(e).__name__}: {e}") from e
+        inter = GymInteraction(config, env_fn=lambda: obj(**env_kwargs))
+    else:
+        raise InteractionConfigError(f"{obj.__name__} is neither a BaseInteraction nor an env with reset/step")
     inter.name = name
     return inter
 
 
+_INTERACTIONS: YamlRegistry[Any] = YamlRegistry(
+    section="interaction", kind="interaction", keys=frozenset({"name", "class_name", "config"}),
+    error=InteractionConfigError, make=_make_interaction,
+)
+
+
 def build_interactions(entries: Any, source: str = "<interactions>", base_dir: Path | None = None) -> dict[str, Any]:
     """Build interactions from a list of verl-style entries; `source` names the file in errors."""
-    if not isinstance(entries, list):
-        raise InteractionConfigError(f"{source}: 'interaction' must be a list, got {type(entries).__name__}")
-    out: dict[str, Any] = {}
-    for i, entry in enumerate(entries):
-        where = f"{source}: interaction[{i}]"
-        inter = _build_one(entry, where, base_dir)
-        if inter.name in out:
-            raise InteractionConfigError(f"{where}: duplicate interaction name {inter.name!r}")
-        out[inter.name] = inter
-    return out
+    return _INTERACTIONS.build(entries, source, base_dir)
 
 
 def load_interactions(yaml_path: str | Path | None) -> dict[str, Any]:
     """Load a verl interaction YAML (`interaction: [{name, class_name, config}]`); None gives none."""
-    if not yaml_path:
-        return {}
-    path = Path(yaml_path)
-    return build_interactions(read_yaml_list(path, "interaction", InteractionConfigError), str(path), path.parent)
+    return _INTERACTIONS.load(yaml_path)
 
 
 def select_interaction(interactions: Mapping[str, Any], interaction_kwargs: Mapping[str, Any] | None) -> Any:

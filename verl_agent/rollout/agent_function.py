@@ -37,18 +37,22 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Sample, Trajectory
-from verl_agent.rollout.agent_loop import InfraFailure, score_with_reward_fn
 from verl_agent.engine.contract import Engine, SamplingParams
+from verl_agent.imports import import_object
+from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Sample, Trajectory
+from verl_agent.reward import RewardFunction
+from verl_agent.rollout.agent_loop import InfraFailure, score_with_reward_fn
 from verl_agent.rollout.openai_server import OpenAIServer
 from verl_agent.rollout.recorder import SessionRecorder
+
+if TYPE_CHECKING:
+    from verl_agent.config import RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +63,6 @@ _BUDGET = ("response_budget", "engine_length", "max_assistant_turns")
 
 def load_entrypoint(spec: str) -> Callable[..., Any]:
     """'module:function', 'module.function' or 'path/file.py:function' -> an async function."""
-    from verl_agent.tools.registry import import_object
-
-    if "" not in sys.path:  # a module next to where the run was started
-        sys.path.insert(0, "")
     try:
         fn = import_object(spec)
     except (ImportError, AttributeError) as e:
@@ -97,8 +97,9 @@ def sample_dict(sample: Sample) -> dict[str, Any]:
 class AgentFunctionLoop:
     """Runs a user's agent function per sample x n through the recording endpoint; see the module docstring."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, rollout_cfg: Any, entrypoint: str | Callable[..., Any],
-                 reward_fn: Any = None, max_prompt_length: int = 512, max_response_length: int = 256) -> None:  # fmt: skip
+    def __init__(self, engine: Engine, tokenizer: Any, rollout_cfg: RolloutConfig,
+                 entrypoint: str | Callable[..., Any], reward_fn: RewardFunction | None = None,
+                 max_prompt_length: int = 512, max_response_length: int = 256) -> None:  # fmt: skip
         from verl_agent.parsers import get_parser
 
         a = rollout_cfg.agent

@@ -43,13 +43,17 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.parsers import decode_reply
 from verl_agent.protocol import SUCCESS_THRESHOLD, Message, RolloutBatch, Sample, Trajectory, Turn
-from verl_agent.reward import default_scorer
-from verl_agent.engine.contract import Engine, SamplingParams
+from verl_agent.reward import RewardFunction, default_scorer
 from verl_agent.rollout.observations import run_tool_calls
+
+if TYPE_CHECKING:
+    from verl_agent.config import RolloutConfig
+    from verl_agent.tools.base import BaseTool
 
 logger = logging.getLogger(__name__)
 
@@ -105,10 +109,10 @@ class AgentLoop:
         self,
         engine: Engine,
         tokenizer: Any,
-        rollout_cfg: Any,
-        tools: dict[str, Any] | None = None,
+        rollout_cfg: RolloutConfig,
+        tools: dict[str, BaseTool] | None = None,
         interactions: dict[str, Any] | None = None,
-        reward_fn: Any = None,
+        reward_fn: RewardFunction | None = None,
         max_prompt_length: int = 512,
         max_response_length: int = 256,
         overlong_prompts: str = "error",
@@ -382,7 +386,7 @@ class AgentLoop:
         return 0.0
 
 
-async def score_with_reward_fn(reward_fn: Any, tokenizer: Any, sample: Sample, trajs: list[Trajectory],
+async def score_with_reward_fn(reward_fn: RewardFunction, tokenizer: Any, sample: Sample, trajs: list[Trajectory],
                                solution_str: str) -> float:  # fmt: skip
     """The reward from a reward function (verl's arguments) for the assistant turns of `trajs`, in order: their
     texts go in extra_info["assistant_turns"]; a per-turn list (res.turn_scores) sets each turn's score and

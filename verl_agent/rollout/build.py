@@ -15,15 +15,19 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_agent.config import (
     CustomRewardFunctionConfig, DataConfig, ModelConfig, RolloutConfig, RunConfig, TrainerConfig,
 )
+from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.protocol import Sample, Trajectory
 from verl_agent.rollout.agent_loop import AgentLoop
-from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.rollout.stream import PausableEngine
+
+if TYPE_CHECKING:
+    from verl_agent.reward import RewardFunction
+    from verl_agent.rollout.agent_function import AgentFunctionLoop
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +135,7 @@ def sglang_server_args(rollout: RolloutConfig) -> list[str]:
     return extra
 
 
-def build_reward(data: DataConfig, custom: CustomRewardFunctionConfig) -> Any:
+def build_reward(data: DataConfig, custom: CustomRewardFunctionConfig) -> RewardFunction | None:
     """data.reward_fn, else verl's custom_reward_function.{path,name}, else None (tools/interaction score)."""
     from verl_agent.reward import load_reward_fn
 
@@ -140,8 +144,8 @@ def build_reward(data: DataConfig, custom: CustomRewardFunctionConfig) -> Any:
     return load_reward_fn(f"{custom.path}:{custom.name}") if custom.path else None
 
 
-def build_agent_loop(rollout: RolloutConfig, data: DataConfig, engine: Engine, tokenizer: Any, reward_fn: Any = None
-                     ) -> AgentLoop:  # fmt: skip
+def build_agent_loop(rollout: RolloutConfig, data: DataConfig, engine: Engine, tokenizer: Any,
+                     reward_fn: RewardFunction | None = None) -> AgentLoop | AgentFunctionLoop:
     from verl_agent.interactions.registry import load_interactions
     from verl_agent.tools import load_tools
 
@@ -150,7 +154,7 @@ def build_agent_loop(rollout: RolloutConfig, data: DataConfig, engine: Engine, t
 
         return AgentFunctionLoop(engine, tokenizer, rollout, rollout.agent.entrypoint, reward_fn=reward_fn,
                                  max_prompt_length=data.max_prompt_length,
-                                 max_response_length=data.max_response_length)  # type: ignore[return-value]
+                                 max_response_length=data.max_response_length)
     mt = rollout.multi_turn
     return AgentLoop(
         engine, tokenizer, rollout,
@@ -165,8 +169,8 @@ def build_agent_loop(rollout: RolloutConfig, data: DataConfig, engine: Engine, t
 class RolloutParts:
     engine: Engine
     tokenizer: Any
-    agent: AgentLoop
-    reward_fn: Any
+    agent: AgentLoop | AgentFunctionLoop
+    reward_fn: RewardFunction | None
 
 
 def build_rollout(cfg: RunConfig, model: Any = None, device: str | None = None, seed: int = 0,

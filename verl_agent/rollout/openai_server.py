@@ -168,8 +168,7 @@ class OpenAIServer:
 
     # -- HTTP ----------------------------------------------------------------------------------
     # uvicorn serves `_asgi`: chat completions are handled as plain ASGI, the rest goes to the FastAPI app.
-    # FastAPI's routing, middleware and dependency layers cost about as much per call as everything
-    # else of the endpoint together (bench/proxy.py, profiled 2026-12-03), and this route needs none of them.
+    # FastAPI's routing, middleware and dependency layers add per-call work that this hot route does not need.
     async def _asgi(self, scope: dict, receive: Callable, send: Callable) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or scope["method"] != "POST" or not path.endswith(_CHAT):

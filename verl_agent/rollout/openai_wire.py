@@ -103,7 +103,7 @@ def _tools(raw: Any) -> list[dict] | None:
     return raw
 
 
-@functools.lru_cache(maxsize=256)  # agents send the same tools on every call; checking a schema costs ~2 ms
+@functools.lru_cache(maxsize=256)  # agents send the same tools on every call; a schema is checked once
 def _check_tools(key: str) -> None:
     from jsonschema import SchemaError, validators
 

@@ -18,11 +18,15 @@ from enum import Enum
 from pydantic import BaseModel, Field
 
 __all__ = [
-    "CLIENT_HEADER", "RETRY_HEADER", "CellRunResult", "CloseSessionRequest", "OpenSessionResponse",
+    "CLIENT_HEADER", "DEFAULT_MEMORY_MB", "DEFAULT_PORT", "DEFAULT_URL", "RETRY_HEADER", "CellRunResult", "CloseSessionRequest", "OpenSessionResponse",
     "CommandRunResult", "CommandRunStatus",
     "RunCodeRequest",
     "RunCodeResponse", "RunJupyterRequest", "RunJupyterResponse", "RunStatus",
 ]
+
+DEFAULT_PORT = 8080  # where `verl-agent sandbox serve` / `up` listen and clients look unless told otherwise
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_MEMORY_MB = 1024  # a run's memory limit (MiB) when the request sets none, and the most it may ask for
 
 RETRY_HEADER = "x-sandbox-retry"
 CLIENT_HEADER = "x-sandbox-client"

@@ -11,7 +11,9 @@ import logging
 import shutil
 import subprocess
 from importlib import resources
+from typing import Any
 
+from verl_agent.sandbox.api import DEFAULT_MEMORY_MB, DEFAULT_PORT
 from verl_agent.sandbox.backends.base import SandboxBackend
 from verl_agent.sandbox.service import ServiceSettings
 
@@ -20,7 +22,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["add_cli", "compose_down", "compose_up", "make_backend", "run_cli", "serve"]
 
 
-def make_backend(name: str = "auto", image: str | None = None, memory_mb: int = 1024,
+def make_backend(name: str = "auto", image: str | None = None, memory_mb: int = DEFAULT_MEMORY_MB,
                  instance_id: str | None = None) -> SandboxBackend:
     """``docker``, ``process``, or ``auto`` (docker when the daemon and image are there, else process).
 
@@ -38,8 +40,8 @@ def make_backend(name: str = "auto", image: str | None = None, memory_mb: int = 
     raise ValueError(f"sandbox backend must be 'docker', 'process' or 'auto', got {name!r}")
 
 
-def serve(backend: str = "auto", host: str = "127.0.0.1", port: int = 8080, image: str | None = None,
-          log_level: str = "info", instance_id: str | None = None, **settings) -> None:
+def serve(backend: str = "auto", host: str = "127.0.0.1", port: int = DEFAULT_PORT, image: str | None = None,
+          log_level: str = "info", instance_id: str | None = None, **settings: Any) -> None:
     """Run the server in the foreground; ``settings`` are ``ServiceSettings`` fields (validated)."""
     import uvicorn
 
@@ -72,11 +74,13 @@ def _compose(project: str, env: dict[str, str], *args: str) -> int:
     import os
 
     with resources.as_file(resources.files("verl_agent.sandbox") / "docker" / "compose.yaml") as path:
-        return subprocess.call([*compose_command(), "-p", project, "-f", str(path), *args], env={**os.environ, **env})
+        env = {**os.environ, "VERL_AGENT_SANDBOX_PORT": str(DEFAULT_PORT), **env}  # `down` needs it set too
+        return subprocess.call([*compose_command(), "-p", project, "-f", str(path), *args], env=env)
 
 
-def compose_up(port: int = 8080, instance_id: str = "compose", project: str = COMPOSE_PROJECT,
-               min_pool_size: int = 4, max_pool_size: int = 32, wait_s: float = 180.0) -> str:
+def compose_up(port: int = DEFAULT_PORT, instance_id: str = "compose", project: str = COMPOSE_PROJECT,
+               min_pool_size: int = ServiceSettings.min_pool_size, max_pool_size: int = ServiceSettings.max_pool_size,
+               wait_s: float = 180.0) -> str:
     """Build the images offline, start the server with compose, wait until it answers; returns its URL."""
     import time
 
@@ -112,13 +116,13 @@ def compose_down(instance_id: str = "compose", project: str = COMPOSE_PROJECT) -
     return rc
 
 
-def add_cli(subparsers) -> None:
+def add_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("sandbox", help="the local Sandbox Fusion compatible code sandbox")
     sub = p.add_subparsers(dest="sandbox_cmd", required=True)
     s = sub.add_parser("serve", help="run the sandbox server in the foreground")
     s.add_argument("--backend", default="auto", choices=["auto", "docker", "process"])
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--port", type=int, default=DEFAULT_PORT)
     d = ServiceSettings()
     s.add_argument("--min-pool-size", "--pool-size", dest="min_pool_size", type=int, default=d.min_pool_size,
                    help=f"warm sandboxes kept ready (default {d.min_pool_size}; --pool-size is an alias)")
@@ -145,7 +149,7 @@ def add_cli(subparsers) -> None:
     b = sub.add_parser("build-image", help="build the runner image offline (debootstrap + docker import)")
     b.add_argument("--force", action="store_true", help="rebuild even if the images exist")
     up = sub.add_parser("up", help="build the images offline, `docker compose up -d` the server, wait for it")
-    up.add_argument("--port", type=int, default=8080, help="the server listens on 127.0.0.1:PORT")
+    up.add_argument("--port", type=int, default=DEFAULT_PORT, help="the server listens on 127.0.0.1:PORT")
     up.add_argument("--min-pool-size", type=int, default=d.min_pool_size)
     up.add_argument("--max-pool-size", type=int, default=d.max_pool_size)
     down = sub.add_parser("down", help="docker compose down, then remove the runner containers it left")

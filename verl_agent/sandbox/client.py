@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from verl_agent.sandbox.api import (
+    DEFAULT_URL,
     CLIENT_HEADER, RETRY_HEADER, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse,
 )
 
@@ -42,7 +43,7 @@ class SandboxUnavailable(RuntimeError):
 class ClientLimits:
     connect_timeout: float = 5.0
     # added to the run's own timeouts for the HTTP read timeout: at least what a server may add (its default
-    # queue_timeout 30 s + grace 5 s + crash back-off 1 s), or a queued request is sent again while it runs
+    # queue_timeout, its grace and one crash back-off), or a queued request is sent again while it runs
     request_slack: float = 45.0
     max_retries: int = 4
     overload_retry_s: float = 60.0  # keep retrying 503 + Retry-After (overload) answers this long
@@ -53,7 +54,7 @@ class ClientLimits:
 
 
 class SandboxClient:
-    def __init__(self, url: str = "http://127.0.0.1:8080", limits: ClientLimits | None = None,
+    def __init__(self, url: str = DEFAULT_URL, limits: ClientLimits | None = None,
                  transport: httpx.AsyncBaseTransport | None = None):
         self.url, self.limits = url.rstrip("/"), limits or ClientLimits()
         lim = self.limits

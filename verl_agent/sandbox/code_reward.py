@@ -31,6 +31,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from verl_agent.sandbox.api import DEFAULT_URL
 from verl_agent.sandbox.client import SandboxClient, SandboxUnavailable
 
 __all__ = ["CaseResult", "CodeRewardResult", "SandboxUnavailable", "extract_code", "score_code"]
@@ -169,7 +170,7 @@ async def _one(client: SandboxClient, code: str, case: dict, language: str, time
 
 
 async def score_code(completion: str, test_cases: list[dict], *, client: SandboxClient | None = None,
-                     url: str = "http://127.0.0.1:8080", language: str = "python", timeout: float = 10.0,
+                     url: str = DEFAULT_URL, language: str = "python", timeout: float = 10.0,
                      extract: bool = True) -> CodeRewardResult:
     """Pass rate of ``completion`` over ``test_cases`` (0.0 when there are none).
 

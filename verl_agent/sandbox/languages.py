@@ -7,6 +7,7 @@ programs run as a non-root user, so they must not depend on an interpreter in ro
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["LANGUAGES", "Language", "available_languages"]
@@ -40,6 +41,6 @@ LANGUAGES: dict[str, Language] = {
 }
 
 
-def available_languages(root_has=shutil.which) -> list[str]:
+def available_languages(root_has: Callable[[str], object] = shutil.which) -> list[str]:
     """Languages whose tools exist on this host (what the process backend can run)."""
     return [name for name, lang in LANGUAGES.items() if all(root_has(p) for p in lang.needs)]

@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from verl_agent.sandbox.api import (
+    DEFAULT_MEMORY_MB,
     CommandRunResult, RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse, RunStatus,
 )
 from verl_agent.sandbox.backends.base import WORKDIR, SandboxBackend, Worker, WorkerError, WorkerPool
@@ -56,8 +57,8 @@ class ServiceSettings:
     queue_timeout: float = 30.0
     max_output_bytes: int = 1 << 20  # per stream; the rest is drained and replaced by a marker
     max_file_bytes: int = 16 << 20
-    default_memory_mb: int = 1024
-    max_memory_mb: int = 1024
+    default_memory_mb: int = DEFAULT_MEMORY_MB
+    max_memory_mb: int = DEFAULT_MEMORY_MB
     max_uses: int = 200
     crash_respawn_rate: float = 1.0  # a client in a crash loop gets a sandbox at most this many times a second
     crash_respawn_burst: int = 8  # breaks a client may cause at full speed before its back-off starts

@@ -1,10 +1,10 @@
 """``code_interpreter``: run the model's code in a Sandbox Fusion compatible sandbox (verl's keys).
 
 Config (tool YAML ``config:``), verl names first:
-  sandbox_fusion_url   server base URL, or its ``.../run_code`` URL as verl writes it (default 127.0.0.1:8080)
+  sandbox_fusion_url   server base URL, or its ``.../run_code`` URL as verl writes it (default: the local server, sandbox.api.DEFAULT_URL)
   default_timeout      run timeout per call, seconds (default 30)
   default_language     language when the call names none (default "python")
-  memory_limit_mb      per-run memory limit (default 1024)
+  memory_limit_mb      per-run memory limit in MiB (default sandbox.api.DEFAULT_MEMORY_MB)
   num_workers / rate_limit   concurrency cap of calls in flight (the smaller one wins; default 10).
                        With ``enable_global_rate_limit: false`` only num_workers counts. verl shares
                        rate_limit over the cluster through a Ray actor; here it holds per rollout
@@ -22,6 +22,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from verl_agent.sandbox.api import DEFAULT_MEMORY_MB, DEFAULT_URL
 from verl_agent.sandbox.client import ClientLimits, SandboxClient, SandboxUnavailable
 from verl_agent.tools.base import BaseTool, ToolResponse
 from verl_agent.tools.errors import ToolUnavailable
@@ -60,10 +61,10 @@ class SandboxFusionTool(BaseTool):
     def __init__(self, config: dict[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
         super().__init__(config, tool_schema)
         c = self.config
-        self.url = _base_url(str(c.get("sandbox_fusion_url") or "http://127.0.0.1:8080"))
+        self.url = _base_url(str(c.get("sandbox_fusion_url") or DEFAULT_URL))
         self.timeout = float(c.get("default_timeout", 30))
         self.language = str(c.get("default_language", "python"))
-        self.memory_mb = int(c.get("memory_limit_mb", 1024))
+        self.memory_mb = int(c.get("memory_limit_mb", DEFAULT_MEMORY_MB))
         self.max_chars = int(c.get("max_output_chars", 4000))
         self.sessions = bool(c.get("enable_session", False))
         keys = ("num_workers", "rate_limit") if c.get("enable_global_rate_limit", True) else ("num_workers",)

@@ -1,7 +1,7 @@
 """Lazy, paged access to a trajectory JSONL file through byte offsets.
 
 A run's `trajectories/step_N.jsonl` can hold thousands of records of thousands of tokens each
-(10k x 4k tokens is ~1 GB). Opening one must not parse it: `JsonlIndex.refresh()` only finds the
+(gigabytes). Opening one must not parse it: `JsonlIndex.refresh()` only finds the
 line boundaries (memchr over an mmap) and reads each record's *head* -- the scalar keys that
 `records.trajectory_record` writes before "messages" (uid, step, reward, stop_reason, outcome,
 cause, error), a few hundred bytes. Messages and turns ("details") are parsed when a page is
@@ -69,7 +69,7 @@ class JsonlIndex:
         """Index lines appended since the last call (re-index if the file was replaced or cut).
 
         With `budget_s`, stop after about that long and leave the rest for the next call
-        (`complete` tells): a cold 1 GB file takes seconds to read, the first page must not wait.
+        (`complete` tells): a large cold file is slow to read, and the first page must not wait.
         """
         st = self.path.stat()
         if st.st_ino != self._ino or st.st_size < self._end:

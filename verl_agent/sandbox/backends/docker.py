@@ -3,18 +3,18 @@
 The container is created, attached and started through the Docker Engine API on the daemon's socket;
 the agent speaks over the attached stdin/stdout (``AttachedContainer``), so a run costs no ``docker
 exec``, nothing is created on the request path, and no ``docker`` CLI process stays beside each sandbox
-(25 MB of host memory each, measured, and part of every start). Every container: no network (its own network namespace with only loopback), a non-root
+(each would hold host memory and add to every start). Every container: no network (its own network
+namespace with only loopback), a non-root
 uid, ``CapDrop ALL``, ``no-new-privileges``, read-only root, size-limited tmpfs /tmp and /var/tmp owned by
 the run uid, memory/pids/CPU limits, private IPC, no log driver (output never lands on the host disk),
 and only Docker's own PATH/HOSTNAME/HOME in its env.
 
 Why the Engine API and not ``docker run --network none``: that gives every container a prestart hook
-that re-executes the whole dockerd binary (``libnetwork-setkey``), about half the CPU of a container
-start (perf, 2 cores). ``NetworkDisabled``, which only the API sets, keeps the empty network namespace
-and drops the hook: 28 starts at once take 1.4 s instead of 2.9 s (idle machine), 1.8 s instead of 3.7 s
-beside 4 busy sandboxes. A container also starts at a high CPU weight (``STARTING_CPU_SHARES``) and
-drops to Docker's default once its agent is ready: in a burst, the starts would otherwise share the
-cores equally with every sandbox already running a user's code, and take several times longer.
+that re-executes the whole dockerd binary (``libnetwork-setkey``), a large share of the CPU a container
+start costs. ``NetworkDisabled``, which only the API sets, keeps the empty network namespace and drops
+the hook, so a burst of starts finishes sooner. A container also starts at a high CPU weight
+(``STARTING_CPU_SHARES``) and drops to Docker's default once its agent is ready: in a burst, the starts
+would otherwise share the cores equally with every sandbox already running a user's code.
 
 Guarantees are measured, not assumed: at start-up one probe container is created with exactly the
 runner's configuration and reports its uid, interfaces, root mount, capability sets, PID, environment
@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from verl_agent.sandbox.api import DEFAULT_MEMORY_MB
 from verl_agent.sandbox.backends.base import READ_LIMIT, SandboxBackend, Worker, agent_argv
 from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, SCRATCH, IsolationError, judge, parse_probe
 from verl_agent.sandbox.languages import LANGUAGES
@@ -87,7 +88,7 @@ def remove_containers(instance_id: str) -> int:
 class DockerBackend(SandboxBackend):
     name = "docker"
 
-    def __init__(self, image: str = DEFAULT_IMAGE, uid: int = 10001, memory_mb: int = 1024, pids: int = 128,
+    def __init__(self, image: str = DEFAULT_IMAGE, uid: int = 10001, memory_mb: int = DEFAULT_MEMORY_MB, pids: int = 128,
                  cpus: float = 1.0, tmpfs_mb: int = 64, instance_id: str | None = None):
         if not docker_available():
             raise RuntimeError("docker backend: the docker daemon does not answer (run scripts/setup_docker.sh)")

@@ -32,6 +32,7 @@ import time
 import uuid
 from pathlib import Path
 
+from verl_agent.sandbox.api import DEFAULT_MEMORY_MB
 from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv
 from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, SCRATCH, IsolationError, judge, parse_probe
 from verl_agent.sandbox.languages import available_languages
@@ -47,7 +48,7 @@ _ETC = ["/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.
 class ProcessBackend(SandboxBackend):
     name = "process"
 
-    def __init__(self, uid: int = 10001, memory_mb: int = 1024, pids: int = 128, cpus: float = 1.0,
+    def __init__(self, uid: int = 10001, memory_mb: int = DEFAULT_MEMORY_MB, pids: int = 128, cpus: float = 1.0,
                  tmpfs_mb: int = 64, nproc: int = 4096, instance_id: str | None = None):
         self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
