@@ -15,9 +15,8 @@ raises naming the tensor and the file.
 
 With ``codec="zstd"`` each staged chunk is stored as byte planes (byte j of every element together): the
 most significant plane (sign and exponent of a float: a few distinct values) is compressed with zstd, the
-others are written as they are (mantissa bytes are noise). A bf16 model with AdamW moments shrinks to about
-two thirds, so a disk-bound save gets faster by as much wherever the cores keep up (about 0.3 GB/s of
-input per core).
+others are written as they are (mantissa bytes are noise). This shrinks float states (bf16 weights, AdamW
+moments) enough to speed up a disk-bound save wherever the cores keep up with the compression.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def resolve_codec(codec: str) -> str:
 
 def save_object(obj: Any, path: Path) -> None:
     """``torch.save`` through memory, then one plain write: a full disk raises ``OSError`` [Errno 28] naming
-    the file, where torch's own file writer says only "unexpected pos ..." (measured on a full tmpfs)."""
+    the file, where torch's own file writer says only "unexpected pos ..."."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     with open(path, "wb") as f:
@@ -66,8 +65,8 @@ def save_object(obj: Any, path: Path) -> None:
 
 def write_back(f, data: memoryview) -> None:
     """Write `data` and start its writeback now: the kernel would otherwise let dirty pages pile up to its
-    background threshold (10 % of RAM: 12 GB on a 128 GB host) before the disk gets any, and the final fsync
-    would wait for all of them (a 7B save: ~20 % slower)."""
+    background threshold (a share of RAM) before the disk gets any, and the final fsync would wait for all
+    of them."""
     offset = f.tell()
     f.write(data)
     f.flush()
@@ -82,7 +81,7 @@ def _planes(chunk: torch.Tensor, esize: int, out: torch.Tensor) -> torch.Tensor:
     (little-endian, so the last row is the most significant byte)."""
     n = chunk.numel() // esize
     planes, elements = out[:chunk.numel()].view(esize, n), chunk.view(n, esize)
-    for j in range(esize):  # one strided column at a time: 2x faster than one transposing copy
+    for j in range(esize):  # one strided column at a time: cheaper than one transposing copy
         planes[j].copy_(elements[:, j])
     return planes
 
