@@ -30,6 +30,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 from async_train import _setup  # noqa: E402  (same model and config as the async bench)
 
 
+def _actor_digest(worker) -> float:
+    """Sum of |w| over the actor's full parameters as the engine receives them, float64 (collective, on the
+    train worker through its `run`)."""
+    return float(sum(t.detach().double().abs().sum() for bucket in worker.policy.engine_weights()
+                     for _, t in bucket))
+
+
+def _engine_digest(rollout_worker) -> float:
+    """Sum of |w| over the rollout worker's engine parameters (`hf` engine), float64."""
+    return float(sum(p.detach().double().abs().sum() for p in rollout_worker.host.engine.model.parameters()))
+
+
 def push(base: list[str], transport: str, repeat: int, rollout_gpus: float | None) -> dict[str, float]:
     import ray
 
@@ -51,7 +63,8 @@ def push(base: list[str], transport: str, repeat: int, rollout_gpus: float | Non
             t0 = time.perf_counter()
             group.sync_weights(version=version)
             seconds.append(time.perf_counter() - t0)
-        actor, engine = group.weights_digests()
+        actor, = group.run(_actor_digest)
+        engine, = group.run_on_rollouts(_engine_digest)
         if abs(engine - actor) > 1e-6 * actor:
             raise SystemExit(f"{transport}: the engine's weights differ from the actor's ({engine} vs {actor})")
         n_params = group.info[0]["num_parameters"]

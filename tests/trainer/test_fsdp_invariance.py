@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_agent.trainer.controller import WorkerGroup, shard_list
+from verl_agent.trainer.controller import WorkerGroup
+from verl_agent.trainer.sharding import shard_list
+from worker_probes import set_sequences
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +22,7 @@ def _update_and_export(cfg, seqs, out_dir, world: int):
         g = torch.Generator().manual_seed(1)
         for s in seqs:
             s.advantages = torch.randn(s.response_len, generator=g)
-        group.set_sequences(shard_list(seqs, world))
+        set_sequences(group, shard_list(seqs, world))
         group.compute_log_probs(n_minibatches=1)
         metrics = group.update(n_minibatches=1, step=1, update_actor=True)
         group.export_hf(str(out_dir))

@@ -15,7 +15,9 @@ import pytest
 import ray
 import torch
 
-from verl_agent.trainer.controller import WorkerGroup, shard_list
+from verl_agent.trainer.controller import WorkerGroup
+from verl_agent.trainer.sharding import shard_list
+from worker_probes import set_sequences, weights_digests
 from verl_agent.trainer.loop import train
 
 pytestmark = pytest.mark.slow
@@ -62,7 +64,7 @@ def test_sync_gives_every_rollout_worker_the_actors_weights(ray_cluster, make_cf
                    "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.weight_transport=collective")
     group = WorkerGroup.create(cfg)
     try:
-        actor, *engines = group.weights_digests()
+        actor, *engines = weights_digests(group)
         assert engines == [pytest.approx(actor, rel=1e-9)] * 2  # both loaded the same model
         assert group.routes == ["collective", "collective"]  # both joined rank 0's gloo WeightGroup
         seqs = random_seqs(8, 300)
@@ -71,13 +73,13 @@ def test_sync_gives_every_rollout_worker_the_actors_weights(ray_cluster, make_cf
             group.routes = routes
             for s in seqs:
                 s.advantages = torch.randn(s.response_len)
-            group.set_sequences(shard_list(seqs, group.world_size))
+            set_sequences(group, shard_list(seqs, group.world_size))
             group.compute_log_probs(n_minibatches=1)
             group.update(n_minibatches=1, step=step, update_actor=True)
-            actor, *engines = group.weights_digests()
+            actor, *engines = weights_digests(group)
             assert all(abs(e - actor) > 1e-3 * actor for e in engines)  # the update moved the actor away
             group.sync_weights(version=step)
-            actor, *engines = group.weights_digests()
+            actor, *engines = weights_digests(group)
             assert engines == [pytest.approx(actor, rel=1e-9)] * 2
         # the groups of both rollout workers reach the one train rank, through the object store
         from verl_agent.rollout.build import train_dataset

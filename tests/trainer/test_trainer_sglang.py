@@ -15,7 +15,9 @@ import pytest
 import torch
 from sglang_cpu import CPU_ARGS, CPU_ENV, sglang_python
 
-from verl_agent.trainer.controller import WorkerGroup, shard_list
+from verl_agent.trainer.controller import WorkerGroup
+from verl_agent.trainer.sharding import shard_list
+from worker_probes import check_sync, set_sequences
 from verl_agent.trainer.loop import train
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -38,16 +40,16 @@ def test_sync_makes_each_sglang_server_match_its_actor(ray_cluster, sglang_cfg, 
                                           "actor_rollout_ref.rollout.temperature=1.0"))
     try:
         prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
-        assert max(group.check_sync(prompts)) < 1e-3  # fresh: same initial weights
+        assert max(check_sync(group, prompts)) < 1e-3  # fresh: same initial weights
         seqs = random_seqs(8, 300)
         for s in seqs:
             s.advantages = torch.randn(s.response_len)
-        group.set_sequences(shard_list(seqs, group.world_size))
+        set_sequences(group, shard_list(seqs, group.world_size))
         group.compute_log_probs(n_minibatches=1)  # the servers sleep here
         assert all(m["grad_norm"] > 0 for m in group.update(n_minibatches=1, step=1, update_actor=True))
-        assert max(group.check_sync(prompts)) > 1e-2  # the update moved the actor away from the servers
+        assert max(check_sync(group, prompts)) > 1e-2  # the update moved the actor away from the servers
         assert group.sync_weights(version=1) >= 0
-        assert max(group.check_sync(prompts)) < 1e-3
+        assert max(check_sync(group, prompts)) < 1e-3
     finally:
         group.shutdown()
 

@@ -16,7 +16,7 @@ from verl_agent.models.sft_data import conversation, decision_rates, encode_conv
 from verl_agent.models.tokenizer import train_tokenizer
 
 if TYPE_CHECKING:
-    from verl_agent.models.tiny import TinySettings
+    from verl_agent.models.tiny_settings import TinySettings
 
 __all__ = ["group_by_prefix", "make_dataset", "shared_prefix_loss", "train"]
 
@@ -49,7 +49,7 @@ def make_dataset(problems: list[dict[str, Any]], s: TinySettings, seed: int) -> 
 def group_by_prefix(data: list[tuple[list[int], list[int]]], split_id: int) -> Groups:
     """Split each chat after its system turn (the first `split_id` + newline) and group equal prefixes.
 
-    All chats of a group share the system prompt and tool schemas (~2/3 of their tokens); training runs
+    All chats of a group share the system prompt and tool schemas (most of their tokens); training runs
     that prefix once per batch instead of once per row.
     """
     groups: dict[tuple[int, ...], list[tuple[list[int], list[int]]]] = {}

@@ -9,8 +9,8 @@ the recipe, so a changed recipe rebuilds. Builds are atomic (temp dir +
 rename) and serialised by a file lock, so concurrent test sessions share one
 build and a killed build never looks cached.
 
-The default build (recipe and seed 0) ships with the package in `tiny_prebuilt/` (1.7 MB), so a fresh
-clone starts in seconds instead of an 8-minute SFT; it is copied into the cache. `--force` (and any
+The default build (recipe and seed 0) ships with the package in `tiny_prebuilt/`, so a fresh
+clone starts without running the SFT; it is copied into the cache. `--force` (and any
 other recipe or seed) builds from the recipe; tests/models/test_tiny_rebuild.py rebuilds the default
 one and compares it with the shipped files.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -32,44 +31,13 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+from verl_agent.models.tiny_settings import TinySettings
+
 __all__ = ["PREBUILT", "TinySettings", "add_cli", "build_tiny", "cache_root", "cached_build", "prebuilt_key", "run_cli"]
 
 log = logging.getLogger(__name__)
 INFO_FILE = "build_info.json"
 PREBUILT = Path(__file__).with_name("tiny_prebuilt")
-
-
-@dataclasses.dataclass(frozen=True)
-class TinySettings:
-    """Everything that determines the built model; its hash names the cache folder.
-
-    Recipe 3 (2026-12-03) vs 2: 4x more distinct problems (with 4000 the model memorised instead of
-    learning to copy), 8 attention heads instead of 4 (2 KV), a narrower MLP, 80 % tool chats with the
-    call decision trained towards 40 % (decision_rates). Measured on 256 held-out problems at
-    temperature 1: recipe 2 called the tool in 55 % and never copied an expression right; recipe 3
-    calls in 50 % and gets 91 % of its calls fully right. scripts/tiny_sft_curve.py compares recipes.
-    """
-
-    recipe_version: int = 3
-    vocab_size: int = 1024
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 8  # with 4 heads, expressions were copied right in only 16-60 % of calls (2 builds)
-    num_kv_heads: int = 8
-    intermediate_size: int = 256
-    n_train_problems: int = 16000
-    tool_fraction: float = 0.8  # share of SFT chats that call the calculator (copying practice)
-    tool_call_prior: float = 0.4  # call rate the call-or-answer decision is trained towards
-    steps: int = 2000  # results are copied after ~500 steps, expressions after ~1250; 1200 steps: never
-    batch_size: int = 48
-    lr: float = 3e-3
-    warmup_steps: int = 30
-    n_eval_problems: int = 128
-    eval_temperature: float = 1.0  # rates are measured as RL samples: temperature 1
-
-    def key(self, seed: int) -> str:
-        blob = json.dumps({**dataclasses.asdict(self), "seed": seed}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def cache_root() -> Path:

@@ -56,6 +56,6 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
-    # FACTS.md: padding_side is lost across save/load; loaders set it again where it matters.
+    # padding_side does not survive save/load; loaders set it again where it matters.
     fast.padding_side = "left"
     return fast

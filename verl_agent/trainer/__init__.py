@@ -14,7 +14,7 @@ __all__ = ["TrainResult", "TrainingError", "WorkerGroup", "add_cli", "run_train_
 _LAZY = {
     "train": "verl_agent.trainer.loop",
     "TrainResult": "verl_agent.trainer.loop",
-    "TrainingError": "verl_agent.trainer.loop",
+    "TrainingError": "verl_agent.trainer.errors",
     "add_cli": "verl_agent.trainer.loop",
     "run_train_cli": "verl_agent.trainer.loop",
     "WorkerGroup": "verl_agent.trainer.controller",

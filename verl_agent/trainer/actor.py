@@ -11,9 +11,9 @@ piece (tests/trainer/test_fsdp_invariance.py).
 
 Forward passes take a micro-batch as a right-padded [B, L] batch with an
 attention mask, sequences of similar length grouped together (`split_padded`)
-so that padding stays small. One packed row of all sequences (no padding) was
-the first design, but without a varlen attention kernel its block-diagonal
-mask makes attention cost (sum of lengths)^2: 90 % of the CPU demo's update.
+so that padding stays small. One packed row of all sequences (no padding) is
+not used: without a varlen attention kernel its block-diagonal mask makes
+attention cost grow with (sum of lengths)^2.
 
 Log-probs never materialise the [tokens, vocab] logits: the model's lm_head is
 switched to `LogProbHead`, which (only while `forward_log_probs` asks) turns the

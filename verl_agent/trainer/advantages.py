@@ -12,13 +12,14 @@ bootstrapping jump straight from the last model token before it to the first
 model token after it; values predicted at mask-0 positions are ignored. A
 reward placed on a mask-0 position (e.g. a tool's reward) is credited to the
 closest model token before it, the action that caused it; a non-zero reward
-before the first model token is an error. (verl's older loop restarted the
-return at every mask-0 token, which cut multi-turn credit assignment.)
+before the first model token is an error. (Restarting the return at every mask-0
+token would cut multi-turn credit assignment.)
 
 Singleton groups follow verl: mean 0 and std 1, so the advantage is the score.
 
 Turn estimators (``grpo_turn``, ``gigpo``, ``gae`` with ``timestep_unit="turn"``) live in
-``turn_advantages.py`` and use the same registry; they read ``turn_index`` (which assistant
+``turn_advantages.py``; importing this module registers them too (all share the registry of
+``advantage_base.py``); they read ``turn_index`` (which assistant
 turn each position belongs to) and, for GiGPO, ``turn_keys`` (the anchor state of each turn).
 
 Sharded batches: group estimators need only their group, which the trainer keeps
@@ -29,55 +30,22 @@ of the whole batch whitened at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 
 import torch
 from torch import Tensor
 
-from verl_agent.trainer.losses import masked_mean, masked_sum
+from verl_agent.trainer.advantage_base import (
+    ADV_ESTIMATORS, AdvantageFn, AdvantageInputs, AllReduce, group_normalize, group_stats, masked_whiten, need_groups,
+    register_adv_estimator,
+)
+from verl_agent.trainer.turn_advantages import gae_turn
 
 __all__ = [
     "AdvantageInputs", "ADV_ESTIMATORS", "register_adv_estimator", "get_adv_estimator",
     "compute_advantages", "group_ids_from_index", "masked_whiten", "scores_to_token_rewards",
     "apply_kl_in_reward", "filter_uniform_groups", "group_normalize", "AllReduce", "KLController", "make_kl_controller",
 ]
-
-AllReduce = Callable[..., Tensor]  # (tensor, op="sum"|"max") -> the tensor combined over the workers of a batch
-
-
-@dataclass(frozen=True)
-class AdvantageInputs:
-    """Everything an estimator may read; ``compute_advantages`` fills it."""
-
-    token_rewards: Tensor  # [B, T] reward per position (outcome on the last model token)
-    scores: Tensor  # [B] trajectory reward (sum of token_rewards unless given)
-    response_mask: Tensor  # [B, T] 1 on model tokens
-    group_ids: Tensor | None  # [B] dense ids 0..G-1, same id = same prompt
-    values: Tensor | None  # [B, T] critic values (gae only)
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    epsilon: float = 1e-6
-    all_reduce: AllReduce | None = None  # batch-wide statistics over workers (whitening); None: this batch only
-    turn_index: Tensor | None = None  # [B, T] long: the assistant turn of each position (-1: padding); None: one turn
-    turn_keys: list[list[Hashable]] | None = None  # per row, the anchor state of each turn (gigpo)
-    step_weight: float = 1.0  # gigpo: weight of the step-level advantage
-    timestep_unit: str = "token"  # gae: "token" or "turn"
-
-
-AdvantageFn = Callable[[AdvantageInputs], "tuple[Tensor, Tensor]"]
-ADV_ESTIMATORS: dict[str, AdvantageFn] = {}
-
-
-def register_adv_estimator(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Register ``fn(inputs) -> (advantages [B,T], returns [B,T])`` under ``name``."""
-    def deco(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADV_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADV_ESTIMATORS[name] = fn
-        return fn
-    return deco
 
 
 def get_adv_estimator(name: str) -> AdvantageFn:
@@ -143,45 +111,14 @@ def group_ids_from_index(group_index: Tensor | Sequence[Hashable], batch_size: i
     return torch.tensor([dense.setdefault(u, len(dense)) for u in group_index], dtype=torch.long)
 
 
-def _group_stats(scores: Tensor, gids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-group (count, sum, unbiased std), indexed by group id."""
-    gids = gids.to(scores.device)
-    G = int(gids.max()) + 1 if gids.numel() else 0
-    count = torch.zeros(G, device=scores.device).index_add_(0, gids, torch.ones_like(scores))
-    total = torch.zeros(G, device=scores.device).index_add_(0, gids, scores)
-    sq = (scores - (total / count)[gids]).square()
-    var = torch.zeros(G, device=scores.device).index_add_(0, gids, sq) / (count - 1).clamp(min=1)
-    return count, total, var.sqrt()
-
-
-def _need_groups(inp: AdvantageInputs, name: str) -> Tensor:
-    if inp.group_ids is None:
-        raise ValueError(f"adv_estimator {name!r} needs group_index (one uid per prompt)")
-    return inp.group_ids.to(inp.scores.device)
-
-
 def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), per_seq.unsqueeze(-1), torch.zeros((), device=per_seq.device))
-
-
-def group_normalize(x: Tensor, gids: Tensor, by_std: bool, epsilon: float, singleton: str = "verl") -> Tensor:
-    """(x - mean_group) / (std_group + eps) per entry (no std when ``by_std`` is False).
-
-    Groups of one: ``singleton="verl"`` keeps verl's rule (mean 0, std 1: the entry itself),
-    ``"zero"`` gives 0 (nothing to compare with).
-    """
-    count, total, std = _group_stats(x, gids)
-    single = count[gids] == 1
-    adv = x - torch.where(single, 0.0, (total / count)[gids])
-    if by_std:
-        adv = adv / (torch.where(single, 1.0, std[gids]) + epsilon)
-    return torch.where(single, 0.0, adv) if singleton == "zero" else adv
 
 
 @register_adv_estimator("grpo")
 def grpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """(s - mean_group) / (std_group + eps); Dr. GRPO (no std) when norm_adv_by_std_in_grpo=False."""
-    gids = _need_groups(inp, "grpo")
+    gids = need_groups(inp, "grpo")
     adv = group_normalize(inp.scores, gids, inp.norm_adv_by_std_in_grpo, inp.epsilon)
     adv = _broadcast(adv, inp.response_mask)
     return adv, adv
@@ -190,8 +127,8 @@ def grpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 @register_adv_estimator("rloo")
 def rloo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """s_i - mean of the other members of its group: (n s_i - sum) / (n - 1)."""
-    gids = _need_groups(inp, "rloo")
-    count, total, _ = _group_stats(inp.scores, gids)
+    gids = need_groups(inp, "rloo")
+    count, total, _ = group_stats(inp.scores, gids)
     n, tot = count[gids], total[gids]
     adv = torch.where(n > 1, (n * inp.scores - tot) / (n - 1).clamp(min=1), inp.scores)
     adv = _broadcast(adv, inp.response_mask)
@@ -201,8 +138,8 @@ def rloo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 @register_adv_estimator("reinforce_plus_plus_baseline")
 def reinforce_pp_baseline_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """s - group mean, broadcast, then whitened over all model tokens of the batch."""
-    gids = _need_groups(inp, "reinforce_plus_plus_baseline")
-    count, total, _ = _group_stats(inp.scores, gids)
+    gids = need_groups(inp, "reinforce_plus_plus_baseline")
+    count, total, _ = group_stats(inp.scores, gids)
     adv = inp.scores - torch.where(count[gids] == 1, 0.0, (total / count)[gids])
     adv = masked_whiten(_broadcast(adv, inp.response_mask), inp.response_mask, all_reduce=inp.all_reduce)
     return adv, adv
@@ -231,8 +168,6 @@ def gae_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     if inp.values is None:
         raise ValueError("adv_estimator 'gae' needs values [B, T] from the critic")
     if inp.timestep_unit == "turn":
-        from verl_agent.trainer.turn_advantages import gae_turn
-
         return gae_turn(inp)
     mask = inp.response_mask
     rewards = _pack_rewards(inp.token_rewards, mask)
@@ -282,23 +217,6 @@ def _unpack(packed: Tensor, mask: Tensor) -> Tensor:
     if packed.shape[1] == 0:
         return torch.zeros(mask.shape, dtype=packed.dtype, device=packed.device)
     return torch.where(mask.bool(), torch.gather(packed, 1, step), 0.0)
-
-
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, all_reduce: AllReduce | None = None) -> Tensor:
-    """(x - mean) / sqrt(var + eps) over masked-in entries (unbiased var, as verl); 0 off the mask.
-
-    With ``all_reduce`` the mean and variance are those of all workers' entries together.
-    """
-    if all_reduce is None:
-        mean = masked_mean(x, mask)
-        n = mask.sum()
-        var = masked_sum((x - mean).square(), mask) / (n - 1).clamp(min=1)
-    else:
-        total = all_reduce(torch.stack([masked_sum(x, mask), mask.sum()]).double())
-        mean, n = (total[0] / total[1].clamp(min=1)).to(x.dtype), total[1]
-        var = (all_reduce(masked_sum((x - mean).square(), mask).double().reshape(1))[0] / (n - 1).clamp(min=1))
-        var = var.to(x.dtype)
-    return torch.where(mask.bool(), (x - mean) * torch.rsqrt(var + eps), 0.0)
 
 
 def scores_to_token_rewards(scores: Tensor, mask: Tensor) -> Tensor:
@@ -361,7 +279,3 @@ class KLController:
 def make_kl_controller(kl_ctrl) -> KLController:
     """From ``algorithm.kl_ctrl`` (KLCtrlConfig)."""
     return KLController(kl_ctrl.type, kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)
-
-
-# The turn-level estimators register themselves in ADV_ESTIMATORS on import (grpo_turn, gigpo).
-from verl_agent.trainer import turn_advantages as _turn_advantages  # noqa: E402,F401

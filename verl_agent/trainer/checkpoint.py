@@ -35,14 +35,17 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+if TYPE_CHECKING:
+    from verl_agent.trainer.policy import Policy
+
 __all__ = ["CKPT_DIR", "LATEST", "MARKER", "tmp_dir", "finalize", "discard", "verify", "find_latest",
-           "latest_checkpoint", "driver_state", "restore_driver_rng", "save_shards", "load_shards", "export_hf"]
+           "latest_checkpoint", "driver_state", "restore_driver_rng", "save_shards", "load_shards", "save_policy", "load_policy", "export_hf"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +188,32 @@ def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = load_state(path / name, {"model": model_sd, "optim": optim_sd})
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def save_policy(policy: Policy, path: Path, codec: str, rank: int) -> None:
+    """Collective: every rank writes its actor (+ critic) shards and its LR-scheduler and RNG states."""
+    from verl_agent.trainer.state_files import save_object
+
+    save_shards(path, "actor", policy.actor, policy.optim, codec)
+    extra = {"sched": policy.sched.state_dict(), "torch_rng": torch.get_rng_state()}
+    if policy.critic is not None:
+        save_shards(path, "critic", policy.critic, policy.critic_optim, codec)
+        extra["critic_sched"] = policy.critic_sched.state_dict()
+    save_object(extra, path / f"extra_rank{rank}.pt")
+    dist.barrier()
+
+
+def load_policy(policy: Policy, path: Path, rank: int) -> None:
+    """Collective: load what `save_policy` wrote, from a checkpoint of any world size (a rank beyond the
+    saved ones takes the last saved rank's scheduler and RNG states)."""
+    load_shards(path, "actor", policy.actor, policy.optim)
+    saved_ranks = len(list(path.glob("extra_rank*.pt")))
+    extra = torch.load(path / f"extra_rank{min(rank, saved_ranks - 1)}.pt", weights_only=False)
+    policy.sched.load_state_dict(extra["sched"])
+    torch.set_rng_state(extra["torch_rng"])
+    if policy.critic is not None:
+        load_shards(path, "critic", policy.critic, policy.critic_optim)
+        policy.critic_sched.load_state_dict(extra["critic_sched"])
 
 
 def export_hf(model: nn.Module, model_path: str, tokenizer_path: str, out_dir: str | Path, rank: int,

@@ -17,26 +17,30 @@ import logging
 import os
 import pickle
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from verl_agent.protocol import Sample
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.trainer.batch import TrainSeq
-from verl_agent.trainer.rollout_worker import RolloutWorker
-from verl_agent.trainer.worker import AdvantageResult, RolloutResult, TrainWorker, pause_drains
+from verl_agent.protocol import Sample
+from verl_agent.trainer.policy import AdvantageResult
+from verl_agent.trainer.rollout_worker import RolloutResult, RolloutWorker
+from verl_agent.trainer.sharding import shard_list
+from verl_agent.trainer.weight_transport import pause_drains
+from verl_agent.trainer.worker import TrainWorker
+
+if TYPE_CHECKING:
+    from verl_agent.config import RunConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerGroup", "WorkerFailure", "cpus_needed", "init_ray", "shard_list", "shard_sizes", "unshard",
-           "weight_routes"]
+__all__ = ["WorkerGroup", "WorkerFailure", "cpus_needed", "init_ray", "weight_routes"]
 
-T = TypeVar("T")
+R = TypeVar("R")
 
 
 class WorkerFailure(RuntimeError):
@@ -52,8 +56,8 @@ def init_ray(address: str | None, min_cpus: int = 1) -> bool:
     With no address (and no $RAY_ADDRESS) we always start a fresh local instance: Ray's own default
     would join whatever cluster `/tmp/ray/ray_current_cluster` names, and a stale file left by a dead
     cluster makes `ray.init()` hang for minutes waiting for its GCS. A local instance's session dir
-    goes to a short temp path (Unix socket paths are limited to 107 bytes) and token auth is off
-    (FACTS.md).
+    goes to a short temp path (Unix socket paths are limited to 107 bytes) and token auth is off (Ray
+    would otherwise write an auth token under the home directory).
     """
     if ray.is_initialized():
         return False
@@ -67,29 +71,11 @@ def init_ray(address: str | None, min_cpus: int = 1) -> bool:
     return True
 
 
-def cpus_needed(cfg: Any) -> int:
+def cpus_needed(cfg: RunConfig) -> int:
     """Logical CPUs the workers of `cfg` ask Ray for on one node (CPU training; the split rollout workers)."""
     t = cfg.trainer
     train = t.n_gpus_per_node if t.n_gpus_per_node > 0 else t.num_cpu_workers // t.nnodes
     return train + (t.rollout_workers if t.placement == "split" else 0)
-
-
-def shard_sizes(n: int, k: int) -> list[int]:
-    q, r = divmod(n, k)
-    return [q + (1 if i < r else 0) for i in range(k)]
-
-
-def shard_list(items: Sequence[T], k: int) -> list[list[T]]:
-    """Contiguous shards, sizes differing by at most one (rank i gets shard i)."""
-    out, start = [], 0
-    for size in shard_sizes(len(items), k):
-        out.append(list(items[start:start + size]))
-        start += size
-    return out
-
-
-def unshard(parts: Sequence[Sequence[T]]) -> list[T]:
-    return [x for p in parts for x in p]
 
 
 def weight_routes(transport: str, rank0: dict[str, Any], rollout_infos: Sequence[dict[str, Any]]) -> list[str]:
@@ -112,7 +98,7 @@ class WorkerGroup:
     arguments and results, the same encoding Ray uses for them).
     """
 
-    cfg: Any  # RunConfig
+    cfg: RunConfig
     workers: list = field(default_factory=list)
     pg: Any = None
     info: list[dict] = field(default_factory=list)
@@ -132,7 +118,7 @@ class WorkerGroup:
         return len(self.rollouts) or self.world_size
 
     @classmethod
-    def create(cls, cfg: Any, timeout_s: float = 300.0) -> WorkerGroup:
+    def create(cls, cfg: RunConfig, timeout_s: float = 300.0) -> WorkerGroup:
         t = cfg.trainer
         gpus = t.n_gpus_per_node
         per_node = gpus if gpus > 0 else t.num_cpu_workers // t.nnodes
@@ -210,12 +196,6 @@ class WorkerGroup:
                              "validate")  # fmt: skip
         return self._get([w.validate.remote(s, n, sampling, step) for w, s in zip(self.workers, shards)], "validate")
 
-    def set_sequences(self, shards: Sequence[Sequence[TrainSeq]]) -> None:
-        """Hand rank i the training sequences shards[i] (offline data; tests)."""
-        assert len(shards) == self.world_size, (len(shards), self.world_size)
-        self._count(shards)
-        self._get([w.set_sequences.remote(list(s)) for w, s in zip(self.workers, shards)], "set_sequences")
-
     def compute_log_probs(self, n_minibatches: int) -> dict[str, float]:
         """Batch-wide metrics (all-reduced on the workers: rank 0's answer is everyone's)."""
         return self._get([w.compute_log_probs.remote(n_minibatches) for w in self.workers], "compute_log_probs")[0]
@@ -238,14 +218,6 @@ class WorkerGroup:
         finally:
             self._get([r.resume.remote(version) for r in self.rollouts], "resume")
 
-    def weights_digests(self) -> list[float]:
-        """Sum of |w| of the actor's weights (first), then of each split rollout worker's engine (tests)."""
-        actor = self._get([w.weights_digest.remote() for w in self.workers], "weights_digest")[0]
-        return [actor] + self._get([r.weights_digest.remote() for r in self.rollouts], "weights_digest")
-
-    def check_sync(self, prompts: list[list[int]]) -> list[float]:
-        return self._get([w.check_sync.remote(prompts) for w in self.workers], "check_sync")
-
     def start_profile(self) -> None:
         self._get([w.start_profile.remote() for w in self.workers], "start_profile")
 
@@ -265,6 +237,21 @@ class WorkerGroup:
     def export_hf(self, path: str) -> str:
         """Rank 0's export path."""
         return self._get([w.export_hf.remote(path) for w in self.workers], "export_hf")[0]
+
+    def run(self, fn: Callable[..., R], *args: Any, shards: Sequence[Any] | None = None) -> list[R]:
+        """`fn(worker, *args)` on every train rank (`TrainWorker.run`), or with `shards`
+        `fn(worker, shards[i], *args)` on rank i; the answers in rank order. For probes and extensions
+        that need a worker's parts (tests, benches)."""
+        if shards is not None and len(shards) != self.world_size:
+            raise ValueError(f"run: {len(shards)} shards for {self.world_size} train ranks")
+        self._count(shards, args)
+        calls = [w.run.remote(fn, *([shards[rank]] if shards is not None else []), *args)
+                 for rank, w in enumerate(self.workers)]
+        return self._get(calls, f"run({getattr(fn, '__name__', fn)})")
+
+    def run_on_rollouts(self, fn: Callable[..., R], *args: Any) -> list[R]:
+        """`fn(rollout_worker, *args)` on every split rollout worker (`RolloutWorker.run`), in order."""
+        return self._get([r.run.remote(fn, *args) for r in self.rollouts], f"run({getattr(fn, '__name__', fn)})")
 
     # -- plumbing --------------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 FSDP2 (`fully_shard`) is applied to every decoder layer and then to the root,
 so one layer's full parameters exist at a time during forward/backward. On
 GPU, parameters stay fp32 (the optimizer's master copy) and compute runs in
-bf16 through `MixedPrecisionPolicy`; on CPU everything is fp32 (FACTS.md:
-FSDP2 CPU offload does not work on CPU, so it is not offered).
+bf16 through `MixedPrecisionPolicy`; on CPU everything is fp32 (FSDP2's
+CPU offload needs an accelerator, so it is not offered on CPU).
 """
 
 from __future__ import annotations

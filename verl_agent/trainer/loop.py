@@ -23,32 +23,33 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from verl_agent.config import RunConfig, save_config
-from verl_agent.rollout.metrics import summarize
+from verl_agent.rollout.metrics import TrajectorySummary, summarize
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.algorithms import make_kl_controller
 from verl_agent.trainer.controller import WorkerGroup, cpus_needed, init_ray
+from verl_agent.trainer.errors import CheckpointWriteError, InfraFailureError, TrainingError
+from verl_agent.trainer.feeder import Feeder, step_seed
+from verl_agent.trainer.rollout_worker import RolloutResult
 from verl_agent.trainer.tracking import Tracker, timer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainResult", "TrainingError", "InfraFailureError", "train", "add_cli", "run_train_cli"]
-
-
-class TrainingError(RuntimeError):
-    """The run stopped; the message says at which step, why, and which checkpoint is intact."""
+__all__ = ["TrainResult", "TrainingError", "train", "add_cli", "run_train_cli"]
 
 
 @dataclass
 class TrainResult:
+    """What a finished run hands back: its steps' metrics, validation before and after, the exported policy."""
+
     run_dir: Path
     steps: int
     val_before: dict[str, float] = field(default_factory=dict)
@@ -61,128 +62,186 @@ class TrainResult:
 
 def train(cfg: RunConfig) -> TrainResult:
     """Run GRPO/PPO training as configured; see the module docstring."""
-    from tqdm import tqdm
-
-    from verl_agent.rollout.build import load_split, train_dataset
-
-    t = cfg.trainer
-    run_dir = cfg.run_dir
-    dataset = train_dataset(cfg.data)
-    cfg = _with_total_steps(cfg)
-    total = cfg.trainer.total_training_steps
-    save_config(cfg, run_dir / "config.yaml")
-    val_samples = load_split(cfg.data, "val") if cfg.data.val_files else []
-    n_mini = max(1, cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
-    kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
-    started_ray = init_ray(t.ray_address, min_cpus=cpus_needed(cfg))
-    group, tracker, step, last_ckpt = None, None, 0, None
-    result = TrainResult(run_dir=run_dir, steps=total)
+    run = TrainingRun(cfg)
     try:
-        last_ckpt = _resume_point(cfg)
-        group = WorkerGroup.create(cfg)
-        result.workers = group.info
-        in_flight: list[dict] = []
-        saved_metrics = None
-        if last_ckpt is not None:
-            state = _resume(group, dataset, last_ckpt)
-            step = result.resumed_from = state["step"]
-            result.val_before = state.get("val_before", {})
-            kl_ctrl.load_state_dict(state.get("kl_ctrl", kl_ctrl.state_dict()))
-            in_flight = state.get("in_flight", [])
-            saved_metrics = state.get("metrics")
-        tracker = Tracker(run_dir, t.logger, append=step > 0)
-        tracker.truncate_after(step)
-        _restore_metrics_line(tracker, step, saved_metrics)
-        _truncate_trajectory_logs(run_dir, step)
-        if step == 0 and t.val_before_train and val_samples:
-            result.val_before = _validate(group, val_samples, cfg, 0)
-            tracker.log(0, result.val_before, write=print)
-        feeder = Feeder(group, dataset.batches(1), cfg, total, first=step + 1, replay=in_flight)
-        bar = tqdm(range(step + 1, total + 1), desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
-        for step in bar:
-            m: dict[str, Any] = {}
-            bytes0 = group.bytes_moved
-            profiling = step in (t.profile_steps or [])
-            if profiling:
-                group.start_profile()
-            with timer("step", m):
-                with timer("rollout", m):
-                    feeder.fill(step)  # sync: this step's batch; one_step_off / async: also the next ones
-                    outs = feeder.take(step, min_version=step - 1 - feeder.staleness)
-                    summaries = [s for o in outs for s in o.summaries]
-                    m["time/reward"] = max(o.reward_seconds for o in outs)
-                    m["time/tools"] = max(o.tool_seconds for o in outs)
-                    m.update(summarize(summaries))
-                    lags = [step - 1 - s.oldest_version for s in summaries]  # the engine holds version step-1
-                    m["rollout/policy_lag/mean"] = sum(lags) / max(1, len(lags))
-                    m["rollout/policy_lag/max"] = float(max(lags, default=0))
-                    m.update({k: sum(o.counts.get(k, 0.0) for o in outs) for k in set().union(*(o.counts for o in outs))})
-                    engine_keys = set().union(*(o.engine for o in outs))  # counters: this step's, all replicas
-                    m.update({k: sum(o.engine.get(k, 0.0) for o in outs) for k in engine_keys})
-                    _check_infra_failures(summaries, t.max_infra_failure_fraction)
-                with timer("log_probs", m):
-                    m.update(group.compute_log_probs(n_mini))
-                with timer("advantages", m):
-                    adv = group.compute_advantages(kl_ctrl.value)
-                    m.update(adv.metrics)
-                    kl_ctrl.update(adv.kl, adv.sequences)
-                if adv.sequences == 0:  # e.g. every group uniform under filter_groups: nothing to learn from
-                    logger.warning("step %d: no sequence left to train on; skipping the update", step)
-                else:
-                    with timer("update", m):
-                        per_rank = group.update(n_mini, step, step > t.critic_warmup)
-                        m.update(_mean_over_ranks(per_rank, prefix="actor/"))
-                with timer("weight_sync", m):  # also after a skipped update: it wakes the engine and bumps the version
-                    m["time/weight_sync_worker"] = group.sync_weights(version=step)
-            if profiling:
-                logger.info("step %d profile: %s", step, ", ".join(group.stop_profile(str(run_dir / "profile"), step)))
-            m.setdefault("actor/kl", m.get("actor/ppo_kl", 0.0))
-            m["perf/driver_bytes"] = float(group.bytes_moved - bytes0)
-            if (t.save_freq > 0 and step % t.save_freq == 0) or step == total:
-                with timer("checkpoint", m):
-                    last_ckpt = _save(group, run_dir, step, dataset, {"val_before": result.val_before,
-                                      "kl_ctrl": kl_ctrl.state_dict(), "in_flight": feeder.in_flight(),
-                                      "metrics": {k: v for k, v in m.items() if isinstance(v, (int, float))}})
-            if t.test_freq > 0 and step % t.test_freq == 0 and step != total and val_samples:
-                m.update(_validate(group, val_samples, cfg, step))
-            tracker.log(step, m, write=bar.write)
-            result.history.append(m)
-        if val_samples:
-            result.val_after = _validate(group, val_samples, cfg, total)
-            tracker.log(total, result.val_after, write=print)
-        result.export_dir = Path(group.export_hf(str(run_dir / "hf_model")))
+        run.start()
+        for step in run.steps():
+            run.log_step(step, run.train_step(step))
+        run.finish()
     except Exception as e:  # WorkerFailure (dead worker / raising step), too many infra failures, disk full, ...
-        where = f"last complete checkpoint: {last_ckpt}" if last_ckpt else "no checkpoint was written yet"
-        if group is not None:
-            group.shutdown(graceful=False)
-            group = None
-        raise TrainingError(f"training stopped at step {step}: {e}\n{where}; rerun the same command to resume "
-                            "(trainer.resume_mode=auto)") from e
+        raise run.stopped(e) from e
     finally:
-        if group is not None:
-            group.shutdown()
-        if tracker is not None:
-            tracker.close()
-        if started_ray:
+        run.close()
+    _print_summary(run.result, run.tracker)
+    return run.result
+
+
+class TrainingRun:
+    """The driver's side of one `train` call: the workers, the feeder, the KL controller, the metrics
+    tracker, the step reached and the last complete checkpoint. `train` calls its steps in order."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from verl_agent.rollout.build import load_split, train_dataset
+
+        self.dataset = train_dataset(cfg.data)
+        self.cfg = cfg = _with_total_steps(cfg)
+        self.total = cfg.trainer.total_training_steps
+        save_config(cfg, cfg.run_dir / "config.yaml")
+        self.val_samples = load_split(cfg.data, "val") if cfg.data.val_files else []
+        self.n_minibatches = max(1, cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+        self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
+        self.started_ray = init_ray(cfg.trainer.ray_address, min_cpus=cpus_needed(cfg))
+        self.group: WorkerGroup | None = None
+        self.tracker: Tracker | None = None
+        self.last_ckpt: Path | None = None
+        self.step = 0
+        self.result = TrainResult(run_dir=cfg.run_dir, steps=self.total)
+
+    def start(self) -> None:
+        """Place the workers, resume from the newest checkpoint if there is one, open the metrics, validate
+        before training (trainer.val_before_train) and set up the feeder."""
+        cfg = self.cfg
+        self.last_ckpt = _resume_point(cfg)
+        self.group = group = WorkerGroup.create(cfg)
+        self.result.workers = group.info
+        state = _resume(group, self.dataset, self.last_ckpt) if self.last_ckpt is not None else {}
+        if state:
+            self.step = self.result.resumed_from = state["step"]
+            self.result.val_before = state.get("val_before", {})
+            self.kl_ctrl.load_state_dict(state.get("kl_ctrl", self.kl_ctrl.state_dict()))
+        self.tracker = Tracker(cfg.run_dir, cfg.trainer.logger, append=self.step > 0)
+        self.tracker.truncate_after(self.step)
+        _restore_metrics_line(self.tracker, self.step, state.get("metrics"))
+        _truncate_trajectory_logs(cfg.run_dir, self.step)
+        if self.step == 0 and cfg.trainer.val_before_train and self.val_samples:
+            self.result.val_before = _validate(group, self.val_samples, cfg, 0)
+            self.tracker.log(0, self.result.val_before, write=print)
+        self.feeder = Feeder(group, self.dataset.batches(1), cfg, self.total, first=self.step + 1,
+                             replay=state.get("in_flight", []))
+
+    def steps(self) -> Iterator[int]:
+        """The steps left to train, with a progress bar."""
+        from tqdm import tqdm
+
+        self.bar = tqdm(range(self.step + 1, self.total + 1), desc="train", unit="step", file=sys.stderr,
+                        dynamic_ncols=True)
+        for step in self.bar:
+            self.step = step
+            yield step
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One step, each phase timed: rollout, learning (log-probs, advantages, update, weight sync), then
+        the checkpoint and the validation when they are due. Returns the step's metrics."""
+        group, trainer_cfg = self.group, self.cfg.trainer
+        metrics: dict[str, Any] = {}
+        bytes_before = group.bytes_moved
+        profiling = step in (trainer_cfg.profile_steps or [])
+        if profiling:
+            group.start_profile()
+        with timer("step", metrics):
+            self._rollout(step, metrics)
+            self._learn(step, metrics)
+        if profiling:
+            tables = group.stop_profile(str(self.cfg.run_dir / "profile"), step)
+            logger.info("step %d profile: %s", step, ", ".join(tables))
+        metrics.setdefault("actor/kl", metrics.get("actor/ppo_kl", 0.0))
+        metrics["perf/driver_bytes"] = float(group.bytes_moved - bytes_before)
+        if (trainer_cfg.save_freq > 0 and step % trainer_cfg.save_freq == 0) or step == self.total:
+            with timer("checkpoint", metrics):
+                self._checkpoint(step, metrics)
+        if trainer_cfg.test_freq > 0 and step % trainer_cfg.test_freq == 0 and step != self.total and self.val_samples:
+            metrics.update(_validate(group, self.val_samples, self.cfg, step))
+        return metrics
+
+    def _rollout(self, step: int, metrics: dict[str, Any]) -> None:
+        """This step's groups (fed ahead as trainer.mode asks) and their rollout metrics; stops the step when
+        infrastructure failures exceed trainer.max_infra_failure_fraction."""
+        with timer("rollout", metrics):
+            self.feeder.fill(step)  # sync: this step's batch; one_step_off / async: also the next ones
+            outs = self.feeder.take(step, min_version=step - 1 - self.feeder.staleness)
+            summaries = [summary for out in outs for summary in out.summaries]
+            metrics.update(_rollout_metrics(outs, summaries, step))
+            _check_infra_failures(summaries, self.cfg.trainer.max_infra_failure_fraction)
+
+    def _learn(self, step: int, metrics: dict[str, Any]) -> None:
+        """Log-probs, advantages (and the KL controller), the update, and the weight sync to the engines."""
+        group = self.group
+        with timer("log_probs", metrics):
+            metrics.update(group.compute_log_probs(self.n_minibatches))
+        with timer("advantages", metrics):
+            advantages = group.compute_advantages(self.kl_ctrl.value)
+            metrics.update(advantages.metrics)
+            self.kl_ctrl.update(advantages.kl, advantages.sequences)
+        if advantages.sequences == 0:  # e.g. every group uniform under filter_groups: nothing to learn from
+            logger.warning("step %d: no sequence left to train on; skipping the update", step)
+        else:
+            with timer("update", metrics):
+                per_rank = group.update(self.n_minibatches, step, step > self.cfg.trainer.critic_warmup)
+                metrics.update(_mean_over_ranks(per_rank, prefix="actor/"))
+        with timer("weight_sync", metrics):  # also after a skipped update: it wakes the engine and bumps the version
+            metrics["time/weight_sync_worker"] = group.sync_weights(version=step)
+
+    def _checkpoint(self, step: int, metrics: dict[str, Any]) -> None:
+        driver = {"val_before": self.result.val_before, "kl_ctrl": self.kl_ctrl.state_dict(),
+                  "in_flight": self.feeder.in_flight(),
+                  "metrics": {key: value for key, value in metrics.items() if isinstance(value, (int, float))}}
+        self.last_ckpt = _save(self.group, self.cfg.run_dir, step, self.dataset, driver)
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        """The step's metrics line (JSONL, TensorBoard, console) and its place in the result's history."""
+        self.tracker.log(step, metrics, write=self.bar.write)
+        self.result.history.append(metrics)
+
+    def finish(self) -> None:
+        """Validation after training and the final policy in Hugging Face format."""
+        if self.val_samples:
+            self.result.val_after = _validate(self.group, self.val_samples, self.cfg, self.total)
+            self.tracker.log(self.total, self.result.val_after, write=print)
+        self.result.export_dir = Path(self.group.export_hf(str(self.cfg.run_dir / "hf_model")))
+
+    def stopped(self, error: Exception) -> TrainingError:
+        """Kill the workers after `error`; the `TrainingError` naming the step, the cause and the checkpoint."""
+        where = f"last complete checkpoint: {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written yet"
+        if self.group is not None:
+            self.group.shutdown(graceful=False)
+            self.group = None
+        return TrainingError(f"training stopped at step {self.step}: {error}\n{where}; rerun the same command to "
+                             "resume (trainer.resume_mode=auto)")
+
+    def close(self) -> None:
+        """Stop the workers, close the metrics, and stop Ray if this run started it."""
+        if self.group is not None:
+            self.group.shutdown()
+        if self.tracker is not None:
+            self.tracker.close()
+        if self.started_ray:
             import ray
 
             ray.shutdown()
-    _print_summary(result, tracker)
-    return result
 
 
-class InfraFailureError(RuntimeError):
-    """Too many of a step's trajectories failed for infrastructure reasons (trainer.max_infra_failure_fraction)."""
+def _rollout_metrics(outs: list[RolloutResult], summaries: list[TrajectorySummary], step: int) -> dict[str, float]:
+    """A step's rollout metrics: reward/tool time (slowest shard), trajectory statistics, policy lag, what
+    the failure rules left out and the engines' counters (summed over shards)."""
+    metrics = {"time/reward": max(out.reward_seconds for out in outs),
+               "time/tools": max(out.tool_seconds for out in outs), **summarize(summaries)}
+    lags = [step - 1 - summary.oldest_version for summary in summaries]  # the engines hold version step-1
+    metrics["rollout/policy_lag/mean"] = sum(lags) / max(1, len(lags))
+    metrics["rollout/policy_lag/max"] = float(max(lags, default=0))
+    for attr in ("counts", "engine"):  # failure-rule counts; engine counters of this step, all replicas
+        keys = set().union(*(getattr(out, attr) for out in outs))
+        metrics.update({key: sum(getattr(out, attr).get(key, 0.0) for out in outs) for key in keys})
+    return metrics
 
 
 def _check_infra_failures(summaries: list, max_fraction: float) -> None:
     """Stop the step when infrastructure failures exceed their allowed share; name the main cause and an example."""
-    failed = [s for s in summaries if s.outcome == "infra_failure"]
+    failed = [summary for summary in summaries if summary.outcome == "infra_failure"]
     if not summaries or len(failed) / len(summaries) <= max_fraction:
         return
-    causes = Counter(s.cause for s in failed)
-    cause, count = causes.most_common(1)[0]
-    example = next(s for s in failed if s.cause == cause)
+    causes = Counter(summary.cause for summary in failed)
+    cause, _ = causes.most_common(1)[0]
+    example = next(summary for summary in failed if summary.cause == cause)
     raise InfraFailureError(
         f"{len(failed)} of {len(summaries)} trajectories failed for infrastructure reasons "
         f"(> trainer.max_infra_failure_fraction={max_fraction}); causes: {dict(causes)}. "
@@ -199,25 +258,21 @@ def _with_total_steps(cfg: RunConfig) -> RunConfig:
         return cfg
     from verl_agent.data import iter_samples
 
-    rows = sum(1 for f in cfg.data.train_files for _ in iter_samples(f, prompt_key=cfg.data.prompt_key,
-                                                                      skip_bad_rows=cfg.data.skip_bad_rows))
+    rows = sum(1 for path in cfg.data.train_files
+               for _ in iter_samples(path, prompt_key=cfg.data.prompt_key, skip_bad_rows=cfg.data.skip_bad_rows))
     cfg = cfg.model_copy(deep=True)
     cfg.trainer.total_training_steps = max(1, cfg.trainer.total_epochs * (rows // cfg.data.train_batch_size))
     return cfg
 
 
-def _step_seed(seed: int, step: int) -> int:
-    """Rollout seed of a step: a resumed run samples exactly what the uninterrupted run sampled."""
-    return random.Random(f"{seed}:{step}").randrange(1 << 40)
-
-
 def _mean_over_ranks(per_rank: list[dict[str, float]], prefix: str) -> dict[str, float]:
+    """Each metric's mean over the ranks that report it; a bare name gets `prefix` (critic/ for the critic's)."""
     keys = set().union(*per_rank) if per_rank else set()
     out = {}
-    for k in keys:
-        vals = [r[k] for r in per_rank if k in r]
-        name = k if "/" in k else (("critic/" if k.startswith(("vf_", "critic_")) else prefix) + k)
-        out[name] = sum(vals) / len(vals)
+    for key in keys:
+        values = [rank_metrics[key] for rank_metrics in per_rank if key in rank_metrics]
+        name = key if "/" in key else (("critic/" if key.startswith(("vf_", "critic_")) else prefix) + key)
+        out[name] = sum(values) / len(values)
     return out
 
 
@@ -225,63 +280,14 @@ def _validate(group: WorkerGroup, samples: list, cfg: RunConfig, step: int) -> d
     """Held-out rollouts with rollout.val_kwargs (greedy by default); metrics under val/."""
     from verl_agent.rollout.build import sampling_params
 
-    r = cfg.actor_rollout_ref.rollout
-    sampling = sampling_params(r, cfg.data, seed=_step_seed(cfg.trainer.seed, -1), validate=True)
-    t0 = time.perf_counter()
-    outs = group.validate(samples, r.val_kwargs.n, sampling, step)
-    m = summarize([s for o in outs for s in o.summaries])
-    out = {k.replace("rollout/", "val/", 1): v for k, v in m.items()}
-    out["time/validation"] = time.perf_counter() - t0
-    return out
-
-
-class Feeder:
-    """Feeds the workers batch after batch ahead of training, as trainer.mode asks, and tracks what is untrained.
-
-    sync feeds batch k at step k; one_step_off also batch k+1 (it rolls out while k trains);
-    async keeps trainer.max_staleness batches ahead. Batch k always gets the seed of step k, so
-    a window of 0 reproduces a synchronous run exactly. Samples fed but not yet trained go into
-    each checkpoint (`in_flight`); a resumed run feeds them first, so no sample is lost or
-    trained twice.
-    """
-
-    def __init__(self, group: WorkerGroup, samples: Any, cfg: RunConfig, total: int, first: int,
-                 replay: list[dict] | None = None) -> None:
-        from verl_agent.protocol import Sample
-
-        t = cfg.trainer
-        self.group, self.samples, self.cfg, self.total = group, samples, cfg, total
-        self.ahead = t.batches_ahead
-        self.staleness = self.ahead
-        self.counts: dict[int, list[int]] = {}  # batch -> prompts per rank (what `take` asks each rank for)
-        self.untrained: dict[tuple[int, int], Any] = {}  # (batch, index in batch) -> Sample
-        self.next = first
-        self.replay = [Sample.from_dict(d) for d in replay or []]
-
-    def fill(self, step: int) -> None:
-        from verl_agent.rollout.build import sampling_params
-        from verl_agent.trainer.controller import shard_sizes
-
-        r, size = self.cfg.actor_rollout_ref.rollout, self.cfg.data.train_batch_size
-        while self.next <= min(step + self.ahead, self.total):
-            batch = [self.replay.pop(0) if self.replay else next(self.samples)[0] for _ in range(size)]
-            sampling = sampling_params(r, self.cfg.data, seed=_step_seed(self.cfg.trainer.seed, self.next))
-            self.counts[self.next] = self.group.feed(batch, r.n, sampling, batch=self.next)
-            assert self.counts[self.next] == shard_sizes(size, self.group.rollout_shards)
-            self.untrained.update({(self.next, i): s for i, s in enumerate(batch)})
-            self.next += 1
-
-    def take(self, step: int, min_version: int) -> list:
-        counts = self.counts.pop(step)
-        outs = self.group.take(counts, step, min_version)
-        offsets = [sum(counts[:r]) for r in range(len(counts))]  # shard r holds the batch's prompts from here
-        for rank, out in enumerate(outs):
-            for batch, position in out.taken:
-                del self.untrained[(batch, offsets[rank] + position)]
-        return outs
-
-    def in_flight(self) -> list[dict]:
-        return [s.to_dict() for _, s in sorted(self.untrained.items(), key=lambda kv: kv[0])]
+    rollout_cfg = cfg.actor_rollout_ref.rollout
+    sampling = sampling_params(rollout_cfg, cfg.data, seed=step_seed(cfg.trainer.seed, -1), validate=True)
+    started = time.perf_counter()
+    outs = group.validate(samples, rollout_cfg.val_kwargs.n, sampling, step)
+    metrics = summarize([summary for out in outs for summary in out.summaries])
+    val = {key.replace("rollout/", "val/", 1): value for key, value in metrics.items()}
+    val["time/validation"] = time.perf_counter() - started
+    return val
 
 
 def _truncate_trajectory_logs(run_dir: Path, step: int) -> None:
@@ -293,15 +299,15 @@ def _truncate_trajectory_logs(run_dir: Path, step: int) -> None:
 
 def _resume_point(cfg: RunConfig) -> Path | None:
     """The checkpoint to resume from: trainer.resume_from_path (verified), or the newest complete one (auto)."""
-    t = cfg.trainer
-    if t.resume_mode == "disable":
+    trainer_cfg = cfg.trainer
+    if trainer_cfg.resume_mode == "disable":
         return None
-    if t.resume_mode == "resume_path":
-        problem = ckpt.verify(Path(t.resume_from_path)) if t.resume_from_path else "it is not set"
+    if trainer_cfg.resume_mode == "resume_path":
+        path = trainer_cfg.resume_from_path
+        problem = ckpt.verify(Path(path)) if path else "it is not set"
         if problem:
-            raise TrainingError(f"trainer.resume_from_path={t.resume_from_path!r} is not a complete checkpoint: "
-                                f"{problem}")
-        return Path(t.resume_from_path)
+            raise TrainingError(f"trainer.resume_from_path={path!r} is not a complete checkpoint: {problem}")
+        return Path(path)
     path, skipped = ckpt.find_latest(cfg.run_dir)
     instead = f"resuming from {path} instead" if path else "no complete checkpoint is left: starting from step 0"
     for line in skipped:
@@ -317,7 +323,8 @@ def _restore_metrics_line(tracker: Tracker, step: int, saved: dict[str, float] |
         tracker.log(step, saved, write=logger.info)
 
 
-def _resume(group: WorkerGroup, dataset, path: Path) -> dict:
+def _resume(group: WorkerGroup, dataset: Any, path: Path) -> dict:
+    """Load the checkpoint at `path` into the workers, the data position and the driver's RNG; its driver state."""
     state = json.loads((path / "driver_state.json").read_text())
     group.load_checkpoint(str(path), state["step"])
     dataset.load_state_dict(state["data"])
@@ -326,11 +333,8 @@ def _resume(group: WorkerGroup, dataset, path: Path) -> dict:
     return state
 
 
-class CheckpointWriteError(RuntimeError):
-    """Writing a checkpoint failed (a worker died, a full disk, ...); the partial one was removed."""
-
-
-def _save(group: WorkerGroup, run_dir: Path, step: int, dataset, extra: dict) -> Path:
+def _save(group: WorkerGroup, run_dir: Path, step: int, dataset: Any, extra: dict) -> Path:
+    """Write the checkpoint of `step` (workers' shards, then the driver state) and put it in place; its path."""
     tmp = ckpt.tmp_dir(run_dir, step)
     try:
         group.save_checkpoint(str(tmp))
@@ -342,13 +346,17 @@ def _save(group: WorkerGroup, run_dir: Path, step: int, dataset, extra: dict) ->
 
 
 def _print_summary(result: TrainResult, tracker: Tracker | None) -> None:
-    b, a = result.val_before.get("val/success_rate"), result.val_after.get("val/success_rate")
-    if b is not None and a is not None:
-        print(f"held-out success rate: before {b:.1%} -> after {a:.1%} ({(a - b) * 100:+.1f} points)")
-    calls_b, calls_a = result.val_before.get("val/tool_calls_total"), result.val_after.get("val/tool_calls_total")
-    n_b, n_a = result.val_before.get("val/num_trajectories"), result.val_after.get("val/num_trajectories")
-    if calls_b is not None and calls_a is not None and n_b and n_a:  # what tool-use RL changes first
-        print(f"held-out tool calls per problem: before {calls_b / n_b:.2f} -> after {calls_a / n_a:.2f}")
+    """What changed on the held-out set, and where the metrics and the final policy are."""
+    before, after = result.val_before, result.val_after
+    if "val/success_rate" in before and "val/success_rate" in after:
+        rate_before, rate_after = before["val/success_rate"], after["val/success_rate"]
+        print(f"held-out success rate: before {rate_before:.1%} -> after {rate_after:.1%} "
+              f"({(rate_after - rate_before) * 100:+.1f} points)")
+    calls_before, calls_after = before.get("val/tool_calls_total"), after.get("val/tool_calls_total")
+    n_before, n_after = before.get("val/num_trajectories"), after.get("val/num_trajectories")
+    if calls_before is not None and calls_after is not None and n_before and n_after:  # what tool-use RL changes first
+        print(f"held-out tool calls per problem: before {calls_before / n_before:.2f} -> after "
+              f"{calls_after / n_after:.2f}")
     if tracker is not None:
         print(f"metrics: {tracker.path}" + (f"   tensorboard: {tracker.tb_dir}" if tracker.tb is not None else ""))
     if result.export_dir:

@@ -199,6 +199,8 @@ def chunked_log_probs(hidden: Tensor, weight: Tensor, targets: Tensor, temperatu
 
 
 class PolicyLossFn(Protocol):
+    """The signature every registered policy loss (``register_policy_loss``) has."""
+
     def __call__(
         self, old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor, *,
         clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None, loss_agg_mode: str,

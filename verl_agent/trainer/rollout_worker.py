@@ -9,7 +9,7 @@ Placement (trainer.placement):
   the train workers where only one is present). The engines never sleep. Finished GRPO groups go
   from the rollout workers to the train ranks through Ray's object store, never through the driver
   (`RolloutWorker.take` returns one object per train rank); train rank 0 streams the weights to
-  every rollout worker after each update (`TrainWorker.push_weights`): by handle where the rollout
+  every rollout worker after each update (`TrainWorker.push_weights`, `WeightSender`): by handle where the rollout
   worker can map rank 0's memory (same host; on GPU the same card), else by a broadcast in a
   process group of their own (`WeightGroup`: NCCL between GPUs, gloo on CPU).
 """
@@ -20,8 +20,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 import torch
@@ -31,8 +32,14 @@ from verl_agent.engine.contract import SamplingParams, counter_changes
 from verl_agent.rollout.metrics import TrajectorySummary
 from verl_agent.rollout.stream import Group, RolloutStream
 from verl_agent.engine.tensor_handles import loads_by_handle, memory_key
+from verl_agent.trainer.sharding import shard_list
+
+if TYPE_CHECKING:
+    from verl_agent.config import RunConfig
 
 logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 __all__ = ["RolloutHost", "RolloutResult", "RolloutWorker", "log_trajectories", "rollout_result"]
 
@@ -71,7 +78,7 @@ class _TimedReward:
             self.seconds += time.perf_counter() - t0
 
 
-def log_trajectories(cfg: Any, tokenizer: Any, trajs: list[Trajectory], name: str, step: int,
+def log_trajectories(cfg: RunConfig, tokenizer: Any, trajs: list[Trajectory], name: str, step: int,
                      advantages: list | None = None) -> None:  # fmt: skip
     """trainer.log_trajectories: append to <run dir>/trajectories/<name> (processes append whole blocks)."""
     if cfg.trainer.log_trajectories and trajs:
@@ -82,13 +89,12 @@ def log_trajectories(cfg: Any, tokenizer: Any, trajs: list[Trajectory], name: st
                       advantages=advantages)
 
 
-def engine_slots(cfg: Any, shards: int) -> int:
+def engine_slots(cfg: RunConfig, shards: int) -> int:
     """rollout.max_num_seqs where it is unset: a KV slot for every trajectory one of `shards` engine replicas
     holds at once (its share of a batch x n x the batches in flight), and at least rollout.max_batch_size.
 
     Sized for sync alone, the async modes' batches fed ahead would queue for slots, and trajectories waiting
-    on a tool would lose theirs (one H100, 0.5B shape, 8 x 8 a step, max_staleness 2: 64 slots for 192
-    trajectories in flight). Device memory still caps the count (`kv_pool.plan_budget`)."""
+    on a tool would lose theirs. Device memory still caps the count (`kv_pool.plan_budget`)."""
     r = cfg.actor_rollout_ref.rollout
     share = -(-cfg.data.train_batch_size // shards)
     return max(r.max_batch_size, share * r.n * (1 + cfg.trainer.batches_ahead))
@@ -102,7 +108,7 @@ class RolloutHost:
     replicas share each batch (see `engine_slots`).
     """
 
-    def __init__(self, cfg: Any, rank: int, model_path: str, device: torch.device, shards: int) -> None:
+    def __init__(self, cfg: RunConfig, rank: int, model_path: str, device: torch.device, shards: int) -> None:
         from verl_agent.rollout.build import build_rollout
         from verl_agent.trainer.fsdp import load_causal_lm
 
@@ -224,8 +230,6 @@ class RolloutWorker:
     def take(self, k: int, min_version: int, n_parts: int) -> tuple:
         """k finished groups cut into n_parts contiguous parts (one per train rank, sizes differing by at most
         one), then this shard's `RolloutResult`; call with `.options(num_returns=n_parts + 1)`."""
-        from verl_agent.trainer.controller import shard_list
-
         groups, dropped = self.host.take(k, min_version)
         return (*shard_list(groups, n_parts), rollout_result(groups, dropped, self.host))
 
@@ -265,9 +269,9 @@ class RolloutWorker:
     def resume(self, version: int) -> None:
         self.host.resume(version)
 
-    def weights_digest(self) -> float:
-        """Sum of |w| over the engine's parameters, in float64 (`hf` engine; tests compare it with the actor's)."""
-        return float(sum(p.detach().double().abs().sum() for p in self.host.engine.model.parameters()))
+    def run(self, fn: Callable[..., R], *args: Any) -> R:
+        """`fn(self, *args)` on this worker: a probe or an extension that needs its engine (tests, benches)."""
+        return fn(self, *args)
 
     def shutdown(self) -> None:
         self.host.close()

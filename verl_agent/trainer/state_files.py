@@ -15,9 +15,8 @@ raises naming the tensor and the file.
 
 With ``codec="zstd"`` each staged chunk is stored as byte planes (byte j of every element together): the
 most significant plane (sign and exponent of a float: a few distinct values) is compressed with zstd, the
-others are written as they are (mantissa bytes are noise). A bf16 model with AdamW moments shrinks to about
-two thirds, so a disk-bound save gets faster by as much wherever the cores keep up (about 0.3 GB/s of
-input per core).
+others are written as they are (mantissa bytes are noise). This shrinks float states (bf16 weights, AdamW
+moments) enough to speed up a disk-bound save wherever the cores keep up with the compression.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def resolve_codec(codec: str) -> str:
 
 def save_object(obj: Any, path: Path) -> None:
     """``torch.save`` through memory, then one plain write: a full disk raises ``OSError`` [Errno 28] naming
-    the file, where torch's own file writer says only "unexpected pos ..." (measured on a full tmpfs)."""
+    the file, where torch's own file writer says only "unexpected pos ..."."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     with open(path, "wb") as f:
@@ -66,8 +65,8 @@ def save_object(obj: Any, path: Path) -> None:
 
 def write_back(f, data: memoryview) -> None:
     """Write `data` and start its writeback now: the kernel would otherwise let dirty pages pile up to its
-    background threshold (10 % of RAM: 12 GB on a 128 GB host) before the disk gets any, and the final fsync
-    would wait for all of them (a 7B save: ~20 % slower)."""
+    background threshold (a share of RAM) before the disk gets any, and the final fsync would wait for all
+    of them."""
     offset = f.tell()
     f.write(data)
     f.flush()
@@ -82,7 +81,7 @@ def _planes(chunk: torch.Tensor, esize: int, out: torch.Tensor) -> torch.Tensor:
     (little-endian, so the last row is the most significant byte)."""
     n = chunk.numel() // esize
     planes, elements = out[:chunk.numel()].view(esize, n), chunk.view(n, esize)
-    for j in range(esize):  # one strided column at a time: 2x faster than one transposing copy
+    for j in range(esize):  # one strided column at a time: cheaper than one transposing copy
         planes[j].copy_(elements[:, j])
     return planes
 
@@ -112,6 +111,9 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
+_Item = tuple[str, Any, torch.Tensor, "int | None"]  # (path in the state, leaf, its local shard, first row)
+
+
 def save_state(directory: Path, state: dict, rank: int, world_size: int, threads: int | None = None,
                codec: str = "none") -> None:
     """Write this rank's tensors of `state` (nested dicts; DTensor or plain leaves) into `directory`, into
@@ -121,72 +123,88 @@ def save_state(directory: Path, state: dict, rank: int, world_size: int, threads
     if codec == "zstd":
         import sys
 
-        import zstandard
-
         assert sys.byteorder == "little", "state_files: byte planes assume a little-endian host"
     directory.mkdir(parents=True, exist_ok=True)
-    tensors, objects, aliases, seen = [], {}, {}, {}
-    for path, leaf in _flatten(state):
-        if torch.is_tensor(leaf):
-            local, row = _local(leaf)
-            key = (local.data_ptr(), local.dtype, tuple(local.shape), local.stride()) if local.numel() else None
-            if key is not None and key in seen:  # tied weights (embeddings = LM head) appear under two names: write the bytes once
-                aliases[path] = seen[key]
-                continue
-            seen[key] = path
-            tensors.append((path, leaf, local, row))
-        else:
-            objects[path] = leaf
+    tensors, objects, aliases = _collect(state)
     if rank == 0:
         save_object(objects, directory / OBJECTS)
-    load = [0] * threads  # bytes per file: largest tensors first, each to the least loaded file
-    files: list[list[tuple[str, Any, torch.Tensor, int | None]]] = [[] for _ in range(threads)]
-    for item in sorted(tensors, key=lambda x: -x[2].nbytes):
-        i = load.index(min(load))
-        files[i].append(item)
-        load[i] += item[2].nbytes
-
-    def write(i: int) -> dict[str, dict]:
-        name, index = f"rank{rank}_{i}.bin", {}
-        device = next((local.device for _, _, local, _ in files[i] if local.is_cuda), None)
-        stream = torch.cuda.Stream(device) if device is not None else None  # a new thread's current device is 0
-        buf = torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True) if device is not None else None
-        if codec == "zstd":
-            planes_buf, compressor = torch.empty(STAGING_BYTES, dtype=torch.uint8), zstandard.ZstdCompressor(level=1)
-        with open(directory / name, "wb") as f:
-            for path, leaf, local, row in files[i]:
-                flat, crc, offset, frames = _as_bytes(local), 0, f.tell(), []
-                for start in range(0, flat.numel(), STAGING_BYTES):
-                    part = flat[start:start + STAGING_BYTES]
-                    if part.is_cuda:
-                        with torch.cuda.stream(stream):
-                            buf[:part.numel()].copy_(part, non_blocking=True)
-                        stream.synchronize()
-                        part = buf[:part.numel()]
-                    crc = zlib.crc32(memoryview(part.numpy()), crc)
-                    if codec == "zstd":
-                        planes = _planes(part, local.element_size(), planes_buf)
-                        frame = compressor.compress(memoryview(planes[-1].numpy()))
-                        write_back(f, memoryview(frame))
-                        frames.append(len(frame))
-                        part = planes[:-1].reshape(-1)  # the other planes, as they are (contiguous rows)
-                    write_back(f, memoryview(part.numpy()))
-                index[path] = {"file": name, "offset": offset, "nbytes": flat.numel(), "dtype": str(local.dtype),
-                               "shape": list(local.shape), "global_shape": list(leaf.shape), "row": row,
-                               "crc32": crc, "stored": f.tell() - offset}  # fmt: skip
-                if codec == "zstd":  # bytes of each chunk's compressed plane; the chunk size, for the reader
-                    index[path].update(zstd_frames=frames, chunk_bytes=STAGING_BYTES)
-            f.flush()
-            os.fsync(f.fileno())
-        return index
-
+    files = _balance(tensors, threads)
     if any(local.is_cuda for _, _, local, _ in tensors):
         torch.cuda.synchronize()  # the optimizer's last kernels wrote these tensors on the default stream
     with ThreadPoolExecutor(threads) as pool:
-        index = {k: v for part in pool.map(write, range(threads)) for k, v in part.items()}
+        parts = pool.map(lambda i: _write_file(directory / f"rank{rank}_{i}.bin", files[i], codec), range(threads))
+        index = {path: entry for part in parts for path, entry in part.items()}
     index.update({path: index[original] for path, original in aliases.items()})
     meta = {"format": 1, "codec": codec, "rank": rank, "world_size": world_size, "tensors": index}
     (directory / INDEX.format(rank)).write_text(json.dumps(meta))
+
+
+def _collect(state: dict) -> tuple[list[_Item], dict[str, Any], dict[str, str]]:
+    """The tensors of `state` to write, its other leaves, and the aliases: tied weights (embeddings = LM
+    head) appear under two names, and their bytes are written once."""
+    tensors, objects, aliases, seen = [], {}, {}, {}
+    for path, leaf in _flatten(state):
+        if not torch.is_tensor(leaf):
+            objects[path] = leaf
+            continue
+        local, row = _local(leaf)
+        key = (local.data_ptr(), local.dtype, tuple(local.shape), local.stride()) if local.numel() else None
+        if key is not None and key in seen:
+            aliases[path] = seen[key]
+            continue
+        seen[key] = path
+        tensors.append((path, leaf, local, row))
+    return tensors, objects, aliases
+
+
+def _balance(tensors: list[_Item], threads: int) -> list[list[_Item]]:
+    """Tensors over `threads` files by bytes: largest first, each to the least loaded file."""
+    load = [0] * threads
+    files: list[list[_Item]] = [[] for _ in range(threads)]
+    for item in sorted(tensors, key=lambda item: -item[2].nbytes):
+        target = load.index(min(load))
+        files[target].append(item)
+        load[target] += item[2].nbytes
+    return files
+
+
+def _write_file(file: Path, items: list[_Item], codec: str) -> dict[str, dict]:
+    """Write `items` into `file` through one staging buffer (pinned, for GPU tensors), fsynced; their index."""
+    index: dict[str, dict] = {}
+    device = next((local.device for _, _, local, _ in items if local.is_cuda), None)
+    stream = torch.cuda.Stream(device) if device is not None else None  # a new thread's current device is 0
+    buf = torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True) if device is not None else None
+    planes_buf = compressor = None
+    if codec == "zstd":
+        import zstandard
+
+        planes_buf, compressor = torch.empty(STAGING_BYTES, dtype=torch.uint8), zstandard.ZstdCompressor(level=1)
+    with open(file, "wb") as f:
+        for path, leaf, local, row in items:
+            flat, crc, offset, frames = _as_bytes(local), 0, f.tell(), []
+            for start in range(0, flat.numel(), STAGING_BYTES):
+                part = flat[start:start + STAGING_BYTES]
+                if part.is_cuda:
+                    with torch.cuda.stream(stream):
+                        buf[:part.numel()].copy_(part, non_blocking=True)
+                    stream.synchronize()
+                    part = buf[:part.numel()]
+                crc = zlib.crc32(memoryview(part.numpy()), crc)
+                if compressor is not None:
+                    planes = _planes(part, local.element_size(), planes_buf)
+                    frame = compressor.compress(memoryview(planes[-1].numpy()))
+                    write_back(f, memoryview(frame))
+                    frames.append(len(frame))
+                    part = planes[:-1].reshape(-1)  # the other planes, as they are (contiguous rows)
+                write_back(f, memoryview(part.numpy()))
+            index[path] = {"file": file.name, "offset": offset, "nbytes": flat.numel(), "dtype": str(local.dtype),
+                           "shape": list(local.shape), "global_shape": list(leaf.shape), "row": row,
+                           "crc32": crc, "stored": f.tell() - offset}  # fmt: skip
+            if compressor is not None:  # bytes of each chunk's compressed plane; the chunk size, for the reader
+                index[path].update(zstd_frames=frames, chunk_bytes=STAGING_BYTES)
+        f.flush()
+        os.fsync(f.fileno())
+    return index
 
 
 def load_state(directory: Path, state: dict, threads: int | None = None) -> dict:
@@ -209,48 +227,51 @@ def load_state(directory: Path, state: dict, threads: int | None = None) -> dict
             if path not in by_path:
                 raise KeyError(f"state_files: {directory} has no tensor {path!r}")
             targets.append((path, leaf, local, row))
-
-    def read(entry: dict, path: str) -> torch.Tensor:
-        dtype = getattr(torch, entry["dtype"].removeprefix("torch."))
-        data = torch.empty(entry["nbytes"], dtype=torch.uint8)
-        stored = data if "zstd_frames" not in entry else torch.empty(entry["stored"], dtype=torch.uint8)
-        with open(directory / entry["file"], "rb") as f:
-            f.seek(entry["offset"])
-            if f.readinto(memoryview(stored.numpy())) != stored.numel():
-                raise ValueError(f"state_files: {entry['file']} ends inside tensor {path!r} (truncated)")
-        if "zstd_frames" in entry:
-            _unplane(stored, entry["zstd_frames"], entry["chunk_bytes"], dtype.itemsize, data,
-                     f"tensor {path!r} in {directory / entry['file']}")
-        if zlib.crc32(memoryview(data.numpy())) != entry["crc32"]:
-            raise ValueError(f"state_files: tensor {path!r} in {directory / entry['file']} fails its CRC32 (corrupted)")
-        return data.view(dtype).view(entry["shape"])
-
-    def fill(item: tuple[str, Any, torch.Tensor, int | None]) -> None:
-        path, leaf, local, row = item
-        entries = by_path[path]
-        if entries[0]["global_shape"] != list(leaf.shape):
-            raise ValueError(f"state_files: tensor {path!r} is {entries[0]['global_shape']} in {directory}, "
-                             f"{list(leaf.shape)} here")
-        if entries[0]["row"] is None:  # saved whole (not sharded): any saved rank's copy will do
-            whole = read(entries[0], path)
-            local.copy_(whole if row is None else whole[row:row + local.shape[0]])
-            return
-        lo = row or 0  # a whole target (row None) takes every row
-        hi, copied = lo + local.shape[0], 0
-        for entry in entries:
-            a, b = max(lo, entry["row"]), min(hi, entry["row"] + entry["shape"][0])
-            if a < b:
-                local[a - lo:b - lo].copy_(read(entry, path)[a - entry["row"]:b - entry["row"]])
-                copied += b - a
-        if copied != hi - lo:
-            raise ValueError(f"state_files: {directory} holds {copied} of rows {lo}..{hi} of tensor {path!r} "
-                             "(a rank's index or files are missing)")
-
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(fill, sorted(targets, key=lambda x: -x[2].nbytes)))
+        list(pool.map(lambda item: _fill(directory, by_path[item[0]], item),
+                      sorted(targets, key=lambda item: -item[2].nbytes)))
     if any(local.is_cuda for _, _, local, _ in targets):
         torch.cuda.synchronize()
     return _replace_objects(state, objects)
+
+
+def _read(directory: Path, entry: dict, path: str) -> torch.Tensor:
+    """One saved tensor (a rank's shard) as its index `entry` describes it, CRC32-checked."""
+    dtype = getattr(torch, entry["dtype"].removeprefix("torch."))
+    data = torch.empty(entry["nbytes"], dtype=torch.uint8)
+    stored = data if "zstd_frames" not in entry else torch.empty(entry["stored"], dtype=torch.uint8)
+    with open(directory / entry["file"], "rb") as f:
+        f.seek(entry["offset"])
+        if f.readinto(memoryview(stored.numpy())) != stored.numel():
+            raise ValueError(f"state_files: {entry['file']} ends inside tensor {path!r} (truncated)")
+    if "zstd_frames" in entry:
+        _unplane(stored, entry["zstd_frames"], entry["chunk_bytes"], dtype.itemsize, data,
+                 f"tensor {path!r} in {directory / entry['file']}")
+    if zlib.crc32(memoryview(data.numpy())) != entry["crc32"]:
+        raise ValueError(f"state_files: tensor {path!r} in {directory / entry['file']} fails its CRC32 (corrupted)")
+    return data.view(dtype).view(entry["shape"])
+
+
+def _fill(directory: Path, entries: list[dict], item: _Item) -> None:
+    """Copy into `item`'s local shard the rows it needs from whichever saved ranks (`entries`) hold them."""
+    path, leaf, local, row = item
+    if entries[0]["global_shape"] != list(leaf.shape):
+        raise ValueError(f"state_files: tensor {path!r} is {entries[0]['global_shape']} in {directory}, "
+                         f"{list(leaf.shape)} here")
+    if entries[0]["row"] is None:  # saved whole (not sharded): any saved rank's copy will do
+        whole = _read(directory, entries[0], path)
+        local.copy_(whole if row is None else whole[row:row + local.shape[0]])
+        return
+    lo = row or 0  # a whole target (row None) takes every row
+    hi, copied = lo + local.shape[0], 0
+    for entry in entries:
+        first, end = max(lo, entry["row"]), min(hi, entry["row"] + entry["shape"][0])
+        if first < end:
+            local[first - lo:end - lo].copy_(_read(directory, entry, path)[first - entry["row"]:end - entry["row"]])
+            copied += end - first
+    if copied != hi - lo:
+        raise ValueError(f"state_files: {directory} holds {copied} of rows {lo}..{hi} of tensor {path!r} "
+                         "(a rank's index or files are missing)")
 
 
 def _unplane(stored: torch.Tensor, frames: list[int], chunk_bytes: int, esize: int, out: torch.Tensor, what: str

@@ -32,8 +32,8 @@ from collections.abc import Hashable
 import torch
 from torch import Tensor
 
-from verl_agent.trainer.advantages import (
-    AdvantageInputs, _need_groups, group_normalize, masked_whiten, register_adv_estimator,
+from verl_agent.trainer.advantage_base import (
+    AdvantageInputs, group_normalize, masked_whiten, need_groups, register_adv_estimator,
 )
 
 __all__ = ["turn_rewards", "turn_returns", "step_group_ids", "grpo_turn_advantage", "gigpo_advantage", "gae_turn"]
@@ -84,7 +84,7 @@ def _dense(keys: list[Hashable]) -> Tensor:
 @register_adv_estimator("grpo_turn")
 def grpo_turn_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """Per-turn discounted returns, normalised within (prompt group, turn index)."""
-    gids = _need_groups(inp, "grpo_turn")
+    gids = need_groups(inp, "grpo_turn")
     tidx = _turn_index(inp)
     rewards, exists = turn_rewards(inp.token_rewards, tidx)
     returns = turn_returns(rewards, inp.gamma)
@@ -112,7 +112,7 @@ def step_group_ids(gids: Tensor, turn_keys: list[list[Hashable]], exists: Tensor
 @register_adv_estimator("gigpo")
 def gigpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """Episode-level GRPO advantage + step_weight * step-level advantage over anchor-state groups."""
-    gids = _need_groups(inp, "gigpo")
+    gids = need_groups(inp, "gigpo")
     if inp.turn_keys is None or len(inp.turn_keys) != inp.scores.shape[0]:
         raise ValueError("adv_estimator 'gigpo' needs turn_keys: one list of anchor-state keys per row")
     tidx = _turn_index(inp)
