@@ -53,7 +53,7 @@ ALLOWED: dict[str, set[str]] = {
 
 # Packages other work is still splitting: their size violations are reported as warnings, not failures,
 # and circles wholly inside one of them are tolerated. Empty this once they comply.
-SIZE_AND_CIRCLE_ALLOWLIST: tuple[str, ...] = ("engine", "trainer", "models")
+SIZE_AND_CIRCLE_ALLOWLIST: tuple[str, ...] = ("engine",)
 
 MAX_FUNCTION_LINES = 60
 MAX_PUBLIC_METHODS = 20
