@@ -10,7 +10,8 @@ other except inside the engine's batches, so a slow tool blocks only its own tra
 Stop reasons (protocol.StopReason): end_of_turn, interaction_done, max_assistant_turns,
 max_user_turns, response_budget (data.max_response_length counted over all turns,
 observations included; an observation that does not fit is not appended), engine_length,
-prompt_too_long, error.
+prompt_too_long, error. A tool whose call returns ``episode_done`` in its metrics (``submit``)
+ends the episode after that turn (end_of_turn).
 
 Outcome (protocol.Outcome), set on every trajectory: infrastructure failures (the engine
 raising, a tool crashing or timing out inside our code, a sandbox that is down, a reward
@@ -336,6 +337,8 @@ class AgentLoop:
             ep.counts["malformed_calls"] += len(parsed.errors)
             if res.infra is not None:
                 raise InfraFailure(*res.infra)
+            if any(m.get("episode_done") for m in res.metrics):  # e.g. a `submit` tool: the episode ends here
+                raise _Stop("end_of_turn")
             return res.messages
         if ep.interaction is None:
             raise _Stop("end_of_turn")
@@ -377,8 +380,8 @@ class AgentLoop:
         if ep.session is not None:
             try:
                 return float(await ep.session.calc_reward())
-            except RuntimeError as e:
-                raise InfraFailure("reward_error", str(e)) from e
+            except RuntimeError as e:  # a tool's own cause (e.g. verifier_timeout) when it gives one
+                raise InfraFailure(getattr(e.__cause__, "cause", None) or "reward_error", str(e)) from e
         return 0.0
 
 

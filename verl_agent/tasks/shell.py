@@ -6,18 +6,21 @@ call costs one write and the reads of its output, no new exec.
 
 Protocol: each call writes one line::
 
-    jobs -p >JOBS; { eval $'<command>' ; } </dev/null 2>&1; printf '\\036VA<token>:%d\\n' $?
+    jobs -p >JOBS; __va $'<command>' </dev/null 2>&1; printf '\\036VA<token>:%d\\n' $?
 
-The command runs in the shell itself (``eval`` in a group, not a subshell), with stdin from /dev/null
-so it cannot swallow the next call, stderr merged into stdout. The line that ends the call carries
+The command runs in the shell itself (``eval`` inside the function ``__va``, not a subshell), with
+stdin from /dev/null so it cannot swallow the next call, stderr merged into stdout. Being in a
+function, ``declare`` without ``-g`` makes a local variable (``export`` and plain assignments persist). The line that ends the call carries
 a fresh random token, so output cannot fake the end of a call, and the exit code. Quoting the command
 as ``$'...'`` means an unbalanced quote in it is a syntax error of that call (exit 2), never a
 hung shell.
 
-Per-call timeout: the processes the call started (children of the shell, minus the background jobs
-that existed before the call, and all their descendants) are killed; the shell lives on and the call
-reports exit code 137. A command that hangs the shell itself (a shell-builtin busy loop) cannot be
-killed that way: the shell is then replaced by a fresh one, and the result says that its state was lost.
+Per-call timeout: the shell gets SIGUSR1, whose trap returns from ``__va`` (ending the rest of the
+command, shell-builtin loops included), and the processes the call started (children of the shell,
+minus the background jobs that existed before the call, and all their descendants) are killed; the
+shell lives on with its cwd and variables and the call reports exit code 137. Should the shell still
+not answer (e.g. the command trapped SIGUSR1 itself), it is replaced by a fresh one and the result
+says that its state was lost.
 Output beyond ``max_output`` characters keeps its head and tail with a marker saying how much was cut.
 """
 
@@ -51,9 +54,14 @@ while [ -n "$frontier" ]; do
   for pp in $pairs; do p=${pp%%%%:*}; q=${pp##*:}; case " $frontier " in *" $q "*) next="$next $p";; esac; done
   frontier=$next
 done
+kill -USR1 "$S" 2>/dev/null
 [ -n "$targets" ] && kill -9 $targets 2>/dev/null
 echo "$targets"
 """ % {"jobs": JOBS_FILE}
+
+
+# Commands run inside a function so that a timeout can end them: SIGUSR1's trap returns from it.
+_PRELUDE = "__va() { eval \"$1\"; }; trap 'return 137 2>/dev/null' USR1"
 
 
 class ShellError(RuntimeError):
@@ -90,14 +98,16 @@ def ansi_c_quote(text: str) -> str:
     return "$'" + "".join(out) + "'"
 
 
-def cap_output(text: str, limit: int) -> tuple[str, int]:
-    """Keep the head and tail of ``text`` within ``limit`` characters, with a marker naming the cut."""
-    if len(text) <= limit:
+def cap_output(text: str, limit: int, dropped: int = 0) -> tuple[str, int]:
+    """Keep the head and tail of ``text`` within ``limit`` characters, with a marker naming the cut;
+    ``dropped`` counts output already left out of the middle of ``text`` while it was read."""
+    if len(text) <= limit and not dropped:
         return text, 0
-    cut = len(text) - limit
-    head = limit // 2
-    return (f"{text[:head]}\n[... output truncated: {cut} of {len(text)} characters cut ...]\n"
-            f"{text[len(text) - (limit - head):]}"), cut
+    total = len(text) + dropped
+    cut = total - min(limit, len(text))
+    head = min(limit, len(text)) // 2
+    return (f"{text[:head]}\n[... output truncated: {cut} of {total} characters cut ...]\n"
+            f"{text[len(text) - (min(limit, len(text)) - head):]}"), cut
 
 
 class Shell:
@@ -116,6 +126,7 @@ class Shell:
         self._writer: asyncio.StreamWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._frames = bytearray()  # undecoded frame bytes
+        self._dropped = 0  # output bytes of the current call read but not kept (a flood's middle)
         self._lock: asyncio.Lock | None = None
         self.closed = False
 
@@ -133,7 +144,7 @@ class Shell:
         except docker.errors.APIError as e:
             raise ShellError(f"starting bash in {self.container_id[:12]} failed: {e.explanation or e}") from e
         token = secrets.token_hex(8)
-        self._sock.sendall(f"printf '\\036VA{token}:%d:%s\\n' $$ \"$(cat /proc/1/task/1/children 2>/dev/null)\"\n"
+        self._sock.sendall(f"{_PRELUDE}\nprintf '\\036VA{token}:%d:%s\\n' $$ \"$(cat /proc/1/task/1/children 2>/dev/null)\"\n"
                            .encode())
         self._sock.settimeout(30)
         buf = bytearray()
@@ -190,9 +201,10 @@ class Shell:
         t0 = time.perf_counter()
         token = secrets.token_hex(8)
         marker = _MARK + token.encode() + b":"
-        line = (f"jobs -p >{JOBS_FILE} 2>/dev/null; {{ eval {ansi_c_quote(command)} ; }} </dev/null 2>&1; "
+        line = (f"jobs -p >{JOBS_FILE} 2>/dev/null; __va {ansi_c_quote(command)} </dev/null 2>&1; "
                 f"printf '\\036VA{token}:%d\\n' $?\n")
         out = bytearray()
+        self._dropped = 0
         try:
             writer.write(line.encode())
             await writer.drain()
@@ -203,10 +215,10 @@ class Shell:
             code, restarted = await self._interrupt(reader, marker, out, limit)
         except (EOFError, ConnectionError, OSError) as e:  # the command ended the shell (`exit`), or the container died
             await self._restart_after_exit(e)
-            text, cut = cap_output(out.decode("utf-8", errors="replace"), limit)
+            text, cut = cap_output(out.decode("utf-8", errors="replace"), limit, self._dropped)
             note = "\n[the shell exited; a new shell was started: cwd, variables and background jobs were reset]"
             return ShellResult(text + note, 0, False, cut, True, time.perf_counter() - t0)
-        text, cut = cap_output(out.decode("utf-8", errors="replace"), limit)
+        text, cut = cap_output(out.decode("utf-8", errors="replace"), limit, self._dropped)
         return ShellResult(text, code, timed_out, cut, restarted, time.perf_counter() - t0)
 
     def _take_frames(self) -> bytes:
@@ -225,7 +237,6 @@ class Shell:
         """Read into `out` until the end-of-call line; returns the exit code. Safe to cancel: bytes read
         are kept in ``self._frames``/``out``, so a later read goes on where this one stopped."""
         keep = 4 * limit + 4096  # bytes kept of a flood: head and tail, the middle is counted only
-        dropped = 0
         while True:
             chunk = await reader.read(1 << 16)
             if not chunk:
@@ -238,11 +249,9 @@ class Shell:
             if end >= 0:
                 code = int(out[at + len(marker):end])
                 del out[at:]
-                if dropped:
-                    out[keep // 2:keep // 2] = f"\n[... {dropped} bytes of output not kept ...]\n".encode()
                 return code
-            if at < 0 and len(out) > 2 * keep:  # a flood: keep its head and its latest bytes
-                dropped += len(out) - keep
+            if at < 0 and len(out) > 2 * keep:  # a flood: keep its head and its latest bytes, count the rest
+                self._dropped += len(out) - keep
                 del out[keep // 2:len(out) - keep // 2]
 
     async def _interrupt(self, reader: asyncio.StreamReader, marker: bytes, out: bytearray,

@@ -7,7 +7,9 @@
 
 `tools_kwargs` is the dataset row's `extra_info.tools_kwargs`:
 `{tool_name: {create_kwargs, execute_kwargs, calc_reward_kwargs, release_kwargs}}`,
-each passed to the matching lifecycle method of that tool.
+each passed to the matching lifecycle method of that tool. Every tool of one session is offered the
+same instance id (``trajectory_id``), so tools that share per-trajectory state (the container tools of
+verl_agent.tasks) find it under one key.
 
 Failure policy: whatever goes wrong in one call becomes a `ToolResult(ok=False,
 text="Error: ...")`; only cancellation propagates. What the model got wrong (unknown
@@ -88,6 +90,7 @@ class ToolSession:
             if not isinstance(kw, Mapping):
                 raise ValueError(f"tools_kwargs[{name!r}] must be a mapping with {_KWARG_KEYS}, got {kw!r}")
             self.kwargs[name] = {k: dict(kw.get(k) or {}) for k in _KWARG_KEYS}
+        self.trajectory_id = str(uuid.uuid4())
         self.instance_ids: dict[str, str] = {}
         self.create_errors: dict[str, str] = {}
         self.stats = {"tool_calls": 0.0, "tool_errors": 0.0, "tool_timeouts": 0.0}
@@ -106,7 +109,7 @@ class ToolSession:
         return self
 
     async def _create(self, name: str, tool: BaseTool) -> None:
-        wanted = str(uuid.uuid4())
+        wanted = self.trajectory_id  # one id for every tool of the trajectory: tools can share its state
         try:
             out = await asyncio.wait_for(tool.create(wanted, **self._kw(name, "create_kwargs")), self.timeout)
         except asyncio.CancelledError:
