@@ -220,7 +220,7 @@ def task_sample(task: HarborTask, extra: dict[str, Any] | None = None, uid: str 
         uid=uid or task.name, messages=messages, ground_truth=None,
         data_source=str(extra.pop("data_source", "harbor")), agent_name=str(extra.pop("agent_name", "tool_agent")),
         tools_kwargs=tools_kwargs,
-        interaction_kwargs={"name": "harbor", "task_dir": str(task.path), **(extra.pop("interaction_kwargs", {}) or {})},
+        interaction_kwargs={"task_dir": str(task.path), **(extra.pop("interaction_kwargs", {}) or {})},
         extra_info={"task_dir": str(task.path), "task_name": task.name, **extra},
     )
 

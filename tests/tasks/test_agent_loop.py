@@ -1,0 +1,92 @@
+"""The training path: task samples from data.train_files (a task folder or a JSONL of task paths), the
+container tools from tool YAML, the agent loop (scripted engine) calling bash / str_replace_editor /
+submit in one container per trajectory, the reward from the task's tests, infra failures by cause."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import make_task, needs_docker
+from model_helpers import call_text, scripted_engine
+
+from verl_agent.data import DataError, iter_samples, load_samples
+from verl_agent.engine.contract import SamplingParams
+from verl_agent.rollout.agent_loop import AgentLoop
+from verl_agent.tools.registry import build_tools
+
+pytestmark = [needs_docker, pytest.mark.docker]
+
+TOOLS = [{"class_name": "verl_agent.tasks.tools.BashTool", "config": {"type": "native", "timeout": 30, "warm": 0}},
+         {"class_name": "verl_agent.tasks.tools.EditorTool", "config": {"type": "native"}},
+         {"class_name": "verl_agent.tasks.tools.SubmitTool", "config": {"type": "native"}}]
+
+
+def test_task_folders_and_jsonl_rows_are_samples(tmp_path, count_task):
+    (s,) = load_samples(count_task)  # one task directory
+    assert s.messages[0].content == "Write the number of lines of /app/input.txt to /app/count.txt."
+    assert s.tools_kwargs["bash"] == {"create_kwargs": {"task_dir": str(count_task)}}
+    assert s.extra_info["task_name"] == "count-lines" and s.uid == "count-lines"
+    rows = tmp_path / "train.jsonl"
+    rows.write_text(json.dumps({"task": str(count_task), "difficulty": 2}) + "\n"
+                    + json.dumps({"task": "missing-task"}) + "\n")
+    samples = list(iter_samples(rows, skip_bad_rows=True))
+    assert len(samples) == 1 and samples[0].extra_info["difficulty"] == 2
+    with pytest.raises(DataError, match=r"train.jsonl:2: .*missing-task: not a task directory"):
+        load_samples(rows)
+    (tmp_path / "suite").mkdir()
+    make_task(tmp_path / "suite", "a")
+    make_task(tmp_path / "suite", "b")
+    assert [x.uid for x in load_samples(tmp_path / "suite")] == ["a", "b"]
+
+
+async def test_agent_loop_solves_a_task_with_the_container_tools(chat_tokenizer, rollout_cfg, count_task, pool):
+    from verl_agent.tasks import env
+
+    env._pool = pool  # the module's pool: no second pool for this test
+    tok = chat_tokenizer
+    tools = build_tools(TOOLS)
+    replies = [
+        call_text("bash", '{"command": "cd /app && wc -l < input.txt"}'),
+        call_text("str_replace_editor", '{"command": "create", "path": "/app/count.txt", "file_text": "2"}'),
+        call_text("submit", "{}"),
+        "never generated: submit ended the episode",
+    ]
+    rollout_cfg.multi_turn.enable = True
+    rollout_cfg.multi_turn.format = "hermes"
+    agent = AgentLoop(scripted_engine(tok, replies), tok, rollout_cfg, tools=tools, max_prompt_length=4096,
+                      max_response_length=4096)
+    (sample,) = load_samples(count_task)
+    try:
+        batch = await agent.run([sample], 2, SamplingParams(max_new_tokens=200))
+    finally:
+        env._pool = None
+    for traj in batch.trajectories:
+        assert (traj.reward, traj.outcome, traj.stop_reason) == (1.0, "ok", "end_of_turn")
+        tool_msgs = [m.content for m in traj.messages if m.role == "tool"]
+        assert tool_msgs[0] == "2\n[exit code 0]" and tool_msgs[1] == "File created successfully at: /app/count.txt"
+        assert len(traj.turns) == 3
+        for t in traj.turns:  # tool results are observations: never trained on
+            assert set(traj.loss_mask[t.gen_end:t.obs_end]) <= {0}
+    assert not env._envs and not env._refs  # every trajectory released its container
+    left = pool.client.containers.list(all=True, filters={"label": f"verl-agent.tasks.run={pool.run_id}"})
+    await pool.close()  # removals are in flight; close waits for them
+    assert len(left) <= 2 and not pool.client.containers.list(
+        all=True, filters={"label": f"verl-agent.tasks.run={pool.run_id}"})
+
+
+async def test_a_verifier_timeout_ends_the_trajectory_as_infra_failure(chat_tokenizer, rollout_cfg, tmp_path):
+    from verl_agent.tasks import env
+    from verl_agent.tasks.pool import ContainerPool
+
+    env._pool = ContainerPool(warm=0)
+    d = make_task(tmp_path, "slow-verifier", test_sh="#!/bin/bash\nsleep 20\n", verifier_timeout=1.0)
+    rollout_cfg.multi_turn.enable = True
+    rollout_cfg.multi_turn.format = "hermes"
+    agent = AgentLoop(scripted_engine(chat_tokenizer, [call_text("submit", "{}")]), chat_tokenizer, rollout_cfg,
+                      tools=build_tools(TOOLS), max_prompt_length=4096, max_response_length=1024)
+    try:
+        (traj,) = (await agent.run(load_samples(d), 1, SamplingParams(max_new_tokens=100))).trajectories
+    finally:
+        env.close_pool()
+    assert (traj.outcome, traj.cause) == ("infra_failure", "verifier_timeout") and "1 s" in traj.error
