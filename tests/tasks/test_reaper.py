@@ -1,0 +1,84 @@
+"""No container is left behind: after a trainer killed with SIGKILL (reaped by the next pool's start, or by
+a live pool's timer), and when nobody is left at all (the container's own lifetime ends it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import needs_docker
+
+from verl_agent.tasks.container import LABEL, OWNER_LABEL
+from verl_agent.tasks.pool import ContainerPool
+from verl_agent.tasks.task import load_task
+
+pytestmark = [needs_docker, pytest.mark.docker]
+
+CHILD = """
+import asyncio, sys
+from verl_agent.tasks.pool import ContainerPool
+from verl_agent.tasks.task import load_task
+
+async def main():
+    pool = ContainerPool(warm=1)
+    task = load_task(sys.argv[1])
+    boxes = [await pool.acquire(task), await pool.acquire(task)]  # two in use, one warm being started
+    print(pool.owner, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def _kill_a_trainer(task_dir) -> str:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(task_dir)], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    owner = proc.stdout.readline().strip()
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return owner
+
+
+def _of(client, owner: str) -> list:
+    return client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"{OWNER_LABEL}={owner}"]})
+
+
+def test_containers_of_a_killed_trainer_are_reaped_at_the_next_start_and_by_the_timer(count_task):
+    owner = _kill_a_trainer(count_task)
+    import docker
+
+    client = docker.from_env()
+    assert len(_of(client, owner)) >= 2  # left behind by the SIGKILL
+    pool = ContainerPool(warm=0)  # the next start
+    try:
+        assert pool.reaped_at_start >= 2 and not _of(client, owner)
+    finally:
+        pool.close_sync()
+    watcher = ContainerPool(warm=0, reap_interval_s=0.5)  # a live pool reaps on its timer
+    try:
+        owner = _kill_a_trainer(count_task)
+        deadline = time.monotonic() + 15
+        while _of(client, owner) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert not _of(client, owner)
+    finally:
+        watcher.close_sync()
+
+
+async def test_a_container_ends_with_its_lifetime_even_when_nobody_removes_it(count_task):
+    pool = ContainerPool(warm=0, lifetime_s=1)
+    try:
+        box = await pool.acquire(load_task(count_task))
+        box.shell.close()
+        deadline = time.monotonic() + 20
+        while pool.client.containers.list(all=True, filters={"id": box.id}) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert not pool.client.containers.list(all=True, filters={"id": box.id})  # auto-removed on its own
+    finally:
+        pool.close_sync()
