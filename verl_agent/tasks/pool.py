@@ -67,13 +67,15 @@ class ContainerPool:
 
     def __init__(self, client: Any = None, *, run_id: str | None = None, warm: int = 2, max_starting: int = 4,
                  allow_internet: bool = False, node_id: str | None = None, reap_interval_s: float = 60.0,
-                 max_output: int = 16000, pids: int = 512, lifetime_s: int | None = None) -> None:
+                 max_output: int = 16000, pids: int = 512, lifetime_s: int | None = None,
+                 shells: bool = True) -> None:
         import docker
 
         self.client = client or docker.from_env(max_pool_size=64, timeout=120)
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.warm, self.allow_internet, self.node_id = warm, allow_internet, node_id
         self.max_output, self.pids, self.lifetime_s = max_output, pids, lifetime_s
+        self.shells = shells  # False: the user of a container opens its shell itself (a pool in another process)
         self._starting = threading.Semaphore(max(1, max_starting))
         self._ready: dict[ContainerSpec, collections.deque[TaskContainer]] = collections.defaultdict(collections.deque)
         self._filling: collections.Counter[ContainerSpec] = collections.Counter()
@@ -136,7 +138,9 @@ class ContainerPool:
                 cid = c.id
                 c.start()
                 shell = Shell(self.client, cid, user=spec.user or image_user, workdir=workdir,
-                              max_output=self.max_output).open()
+                              max_output=self.max_output)
+                if self.shells:
+                    shell.open()
             except (docker.errors.APIError, ShellError, OSError) as e:
                 if cid:
                     self._remove(cid)
