@@ -43,7 +43,6 @@ def test_task_folders_and_jsonl_rows_are_samples(tmp_path, count_task):
 async def test_agent_loop_solves_a_task_with_the_container_tools(chat_tokenizer, rollout_cfg, count_task, pool):
     from verl_agent.tasks import env
 
-    env._pool = pool  # the module's pool: no second pool for this test
     tok = chat_tokenizer
     tools = build_tools(TOOLS)
     replies = [
@@ -57,10 +56,8 @@ async def test_agent_loop_solves_a_task_with_the_container_tools(chat_tokenizer,
     agent = AgentLoop(scripted_engine(tok, replies), tok, rollout_cfg, tools=tools, max_prompt_length=4096,
                       max_response_length=4096)
     (sample,) = load_samples(count_task)
-    try:
+    with env.using_pool(pool):  # the module's pool: no second pool for this test
         batch = await agent.run([sample], 2, SamplingParams(max_new_tokens=200))
-    finally:
-        env._pool = None
     for traj in batch.trajectories:
         assert (traj.reward, traj.outcome, traj.stop_reason) == (1.0, "ok", "end_of_turn")
         tool_msgs = [m.content for m in traj.messages if m.role == "tool"]
@@ -79,14 +76,33 @@ async def test_a_verifier_timeout_ends_the_trajectory_as_infra_failure(chat_toke
     from verl_agent.tasks import env
     from verl_agent.tasks.pool import ContainerPool
 
-    env._pool = ContainerPool(warm=0)
+    own = ContainerPool(warm=0)
     d = make_task(tmp_path, "slow-verifier", test_sh="#!/bin/bash\nsleep 20\n", verifier_timeout=1.0)
     rollout_cfg.multi_turn.enable = True
     rollout_cfg.multi_turn.format = "hermes"
     agent = AgentLoop(scripted_engine(chat_tokenizer, [call_text("submit", "{}")]), chat_tokenizer, rollout_cfg,
                       tools=build_tools(TOOLS), max_prompt_length=4096, max_response_length=1024)
     try:
-        (traj,) = (await agent.run(load_samples(d), 1, SamplingParams(max_new_tokens=100))).trajectories
+        with env.using_pool(own):
+            (traj,) = (await agent.run(load_samples(d), 1, SamplingParams(max_new_tokens=100))).trajectories
     finally:
-        env.close_pool()
+        own.close_sync()
     assert (traj.outcome, traj.cause) == ("infra_failure", "verifier_timeout") and "1 s" in traj.error
+
+
+async def test_the_task_as_an_interaction(chat_tokenizer, rollout_cfg, count_task, pool):
+    from verl_agent.interactions.registry import build_interactions
+    from verl_agent.tasks import env
+
+    replies = ["Let me look.\n```bash\ncd /app; wc -l < input.txt\n```",
+               "```bash\necho 2 > count.txt && cat count.txt\n```", "Done."]
+    inter = build_interactions([{"name": "harbor", "class_name": "verl_agent.tasks.interaction.TaskInteraction",
+                                 "config": {"timeout": 30}}])
+    agent = AgentLoop(scripted_engine(chat_tokenizer, replies), chat_tokenizer, rollout_cfg, interactions=inter,
+                      max_prompt_length=4096, max_response_length=2048)
+    with env.using_pool(pool):
+        (traj,) = (await agent.run(load_samples(count_task), 1, SamplingParams(max_new_tokens=100))).trajectories
+    assert (traj.reward, traj.outcome, traj.stop_reason) == (1.0, "ok", "interaction_done")
+    users = [m.content for m in traj.messages if m.role == "user"]
+    assert users[1].startswith("You are in a Linux container") and users[2:] == ["2\n[exit code 0]",
+                                                                               "2\n[exit code 0]"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from verl_agent.tasks.pool import ContainerError, ContainerPool, TaskContainer
 from verl_agent.tasks.shell import ShellError, ShellResult
 from verl_agent.tasks.task import HarborTask, load_task
 
-__all__ = ["POOL_KEYS", "TaskEnvironment", "attach", "detach", "get_env", "get_pool", "close_pool"]
+__all__ = ["POOL_KEYS", "TaskEnvironment", "attach", "close_pool", "detach", "get_env", "get_pool", "using_pool"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,17 @@ def get_pool(**options: Any) -> Any:
     elif options and any(options.get(k) != _pool_options.get(k) for k in options):
         logger.debug("container pool already made with %s; ignoring %s", _pool_options, options)
     return _pool
+
+
+@contextlib.contextmanager
+def using_pool(pool: Any):  # noqa: ANN201 - a context manager
+    """Make `pool` the process's pool inside the block (e.g. `verl-agent tasks run` hands its own)."""
+    global _pool
+    previous, _pool = _pool, pool
+    try:
+        yield pool
+    finally:
+        _pool = previous
 
 
 def close_pool() -> None:

@@ -67,14 +67,14 @@ async def run_task(task_dir: str | Path, agent: str = "oracle", *, pool: Contain
         task = load_task(task_dir, allow_internet=allow_internet)
         run.task = task.name
         pool = pool or await asyncio.to_thread(ContainerPool, warm=0, allow_internet=allow_internet)
-        if agent == "model":
-            from verl_agent.tasks.model_agent import run_model
-
-            return await run_model(task, pool, model, run, **model_kwargs)
         run.image_built = not task.config.docker_image and not _has_image(pool, image_tag(task))
         t = time.perf_counter()
         run.image = await pool.image_for(task)
         run.timings["image_s"] = time.perf_counter() - t
+        if agent == "model":
+            from verl_agent.tasks.model_agent import run_model
+
+            return await run_model(task, pool, model, run, **model_kwargs)
         t = time.perf_counter()
         box = await pool.acquire(task)
         run.timings["start_s"] = time.perf_counter() - t
