@@ -40,8 +40,11 @@ def test_task_folders_and_jsonl_rows_are_samples(tmp_path, count_task):
     assert [x.uid for x in load_samples(tmp_path / "suite")] == ["a", "b"]
 
 
-async def test_agent_loop_solves_a_task_with_the_container_tools(chat_tokenizer, rollout_cfg, count_task, pool):
+async def test_agent_loop_solves_a_task_with_the_container_tools(chat_tokenizer, rollout_cfg, count_task):
     from verl_agent.tasks import env
+    from verl_agent.tasks.pool import ContainerPool
+
+    pool = ContainerPool(warm=0)  # closed below: what it leaves is part of the test
 
     tok = chat_tokenizer
     tools = build_tools(TOOLS)

@@ -259,7 +259,7 @@ class Shell:
         """Kill the timed-out call's processes; if the shell itself is stuck, replace it."""
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._exec, ["sh", "-c", _KILLER, "killer", str(self.pid)])
-            return await asyncio.wait_for(self._read_until(reader, marker, out, limit), 5.0), False
+            return await asyncio.wait_for(self._read_until(reader, marker, out, limit), 3.0), False
         await asyncio.to_thread(self._exec, ["kill", "-9", str(self.pid)])
         self._close_socket()
         self._frames.clear()
