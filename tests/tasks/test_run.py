@@ -74,3 +74,25 @@ def test_tasks_check_lists_tasks_whose_oracle_or_nop_is_wrong(tmp_path, count_ta
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary == {"tasks": 2, "failed": 1, "failed_tasks": [str(root / "bad-oracle")]}
     assert f"FAIL  {root / 'bad-oracle'}  oracle scored 0.0" in out and f"ok    {root / 'good'}" in out
+
+
+async def test_model_agent_through_an_openai_compatible_url(chat_tokenizer, count_task, pool):
+    """--agent model --model http://...: a chat-completions server (the project's own endpoint over a scripted
+    engine) drives bash and submit in the task's container; the tests grade it."""
+    from model_helpers import call_text, scripted_engine
+
+    from verl_agent.engine.contract import SamplingParams
+    from verl_agent.parsers import get_parser
+    from verl_agent.rollout.openai_server import OpenAIServer
+
+    replies = [call_text("bash", '{"command": "wc -l < /app/input.txt > /app/count.txt"}'), call_text("submit", "{}")]
+    server = OpenAIServer(scripted_engine(chat_tokenizer, replies), chat_tokenizer, get_parser("hermes"),
+                          max_prompt_length=4096, max_response_length=1024)
+    await server.start()
+    try:
+        rec = server.open_session(SamplingParams(max_new_tokens=100), uid="u0")
+        run = await run_task(count_task, "model", pool=pool, model=server.base_url(rec.sid), max_turns=5)
+    finally:
+        await server.stop()
+    assert (run.reward, run.outcome, run.metrics["turns"]) == (1.0, "ok", 2)
+    assert "[tool] (no output)\n[exit code 0]\n[assistant]" in run.agent_output

@@ -74,8 +74,13 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from verl_agent.tasks.runner import check_tasks
+    from verl_agent.tasks.task import TaskError
 
-    results = asyncio.run(check_tasks(args.folder, jobs=args.jobs, allow_internet=args.allow_internet))
+    try:
+        results = asyncio.run(check_tasks(args.folder, jobs=args.jobs, allow_internet=args.allow_internet))
+    except TaskError as e:
+        print(f"verl-agent tasks check: error: {e}", file=sys.stderr)
+        return 2
     bad = []
     for d, oracle, nop in results:
         problems = []

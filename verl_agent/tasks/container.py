@@ -50,9 +50,11 @@ class ContainerSpec:
     network: bool = False
     lifetime_s: int = 4 * 3600
 
-    @property
-    def is_root(self) -> bool:
-        return self.user in ("", "0", "root") or self.user.startswith(("0:", "root:"))
+
+
+def is_root(user: str) -> bool:
+    """Does `user` (Docker's "name", "uid" or "uid:gid"; "" = root) name root?"""
+    return user in ("", "0", "root") or user.startswith(("0:", "root:"))
 
 
 def _start_time(pid: int) -> str:
@@ -86,7 +88,7 @@ def container_kwargs(spec: ContainerSpec, labels: dict[str, str], image_user: st
     from docker.types import Ulimit
 
     user = spec.user or image_user
-    root = ContainerSpec(spec.image, user, 1, 1, 1).is_root
+    root = is_root(user)
     fsize = spec.storage_mb << 20
     kw: dict[str, Any] = dict(
         image=spec.image, command=["sleep", str(int(spec.lifetime_s))], init=True, detach=True, auto_remove=True,

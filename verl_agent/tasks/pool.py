@@ -230,25 +230,18 @@ class ContainerPool:
         return await asyncio.to_thread(self._start, spec, task.name)
 
     async def prewarm(self, task: HarborTask, n: int | None = None) -> None:
-        """Start the warm containers of `task`'s spec now and wait until they are ready."""
+        """Start warm containers of `task`'s spec until `n` (default `warm`) are ready; wait for them."""
         spec = self.spec_for(task, await self.image_for(task))
-        want = self.warm if n is None else n
-        while True:
-            with self._guard:
-                have = len(self._ready[spec]) + self._filling[spec]
-            if have >= want:
-                break
-            await asyncio.to_thread(self._fill_one, spec, task.name)
+        with self._guard:
+            missing = (self.warm if n is None else n) - len(self._ready[spec]) - self._filling[spec]
+            self._filling[spec] += max(0, missing)
+        for _ in range(max(0, missing)):  # each start waits for one of the max_starting slots
+            threading.Thread(target=self._fill, args=(spec, task.name), daemon=True).start()
         while True:
             with self._guard:
                 if not self._filling[spec]:
                     return
             await asyncio.sleep(0.05)
-
-    def _fill_one(self, spec: ContainerSpec, task_name: str) -> None:
-        with self._guard:
-            self._filling[spec] += 1
-        self._fill(spec, task_name)
 
     async def release(self, box: TaskContainer) -> None:
         """End a trajectory's container: it is removed (never reused)."""
