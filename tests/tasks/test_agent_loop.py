@@ -109,3 +109,23 @@ async def test_the_task_as_an_interaction(chat_tokenizer, rollout_cfg, count_tas
     users = [m.content for m in traj.messages if m.role == "user"]
     assert users[1].startswith("You are in a Linux container") and users[2:] == ["2\n[exit code 0]",
                                                                                "2\n[exit code 0]"]
+
+
+async def test_the_agents_time_limit_ends_the_episode(chat_tokenizer, rollout_cfg, tmp_path, pool):
+    from verl_agent.tasks import env
+
+    d = make_task(tmp_path, "short-limit", agent_timeout=1.0)
+    replies = [call_text("bash", '{"command": "sleep 5; echo 2 > /app/count.txt"}'),
+               call_text("bash", '{"command": "echo 2 > /app/count.txt"}'), "never generated"]
+    rollout_cfg.multi_turn.enable = True
+    rollout_cfg.multi_turn.format = "hermes"
+    agent = AgentLoop(scripted_engine(chat_tokenizer, replies), chat_tokenizer, rollout_cfg, tools=build_tools(TOOLS),
+                      max_prompt_length=4096, max_response_length=2048)
+    with env.using_pool(pool):
+        (traj,) = (await agent.run(load_samples(d), 1, SamplingParams(max_new_tokens=100))).trajectories
+    tool_msgs = [m.content for m in traj.messages if m.role == "tool"]
+    assert "Killed" in tool_msgs[0] and "2 >" not in tool_msgs[0]
+    assert tool_msgs[0].endswith(" s and was killed; exit code 137]")  # the time limit cut the command
+    assert float(tool_msgs[0].split("timed out after ")[1].split(" s")[0]) <= 1.0
+    assert len(traj.turns) == 2 and traj.stop_reason == "end_of_turn"  # the refused call ended the episode
+    assert (traj.reward, traj.outcome) == (0.0, "policy_failure")

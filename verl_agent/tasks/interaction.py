@@ -68,7 +68,7 @@ class TaskInteraction(BaseInteraction):
             return True, refused or "", 0.0, {}
         res = await env.run(command, self.timeout)  # ContainerError: an infrastructure failure
         self.instances[instance_id]["commands"] += 1
-        return False, format_result(res, self.timeout), 0.0, {"exit_code": res.exit_code}
+        return False, format_result(res), 0.0, {"exit_code": res.exit_code}
 
     async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
         return (await get_env(instance_id).grade()).reward

@@ -77,6 +77,9 @@ class ContainerPool:
         self.max_output, self.pids, self.lifetime_s = max_output, pids, lifetime_s
         self.shells = shells  # False: the user of a container opens its shell itself (a pool in another process)
         self._starting = threading.Semaphore(max(1, max_starting))
+        # removals queue behind two at a time: a burst of them (a batch of trajectories ending together)
+        # would otherwise take the daemon's CPU from the trajectories still running
+        self._removing = threading.Semaphore(2)
         self._ready: dict[ContainerSpec, collections.deque[TaskContainer]] = collections.defaultdict(collections.deque)
         self._filling: collections.Counter[ContainerSpec] = collections.Counter()
         self._guard = threading.Lock()
@@ -171,7 +174,8 @@ class ContainerPool:
 
     def _remove_tracked(self, cid: str) -> None:
         try:
-            self._remove(cid)
+            with self._removing:
+                self._remove(cid)
         finally:
             with self._guard:
                 self._removals.discard(threading.current_thread())

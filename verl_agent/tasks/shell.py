@@ -78,6 +78,7 @@ class ShellResult:
     cut_chars: int = 0  # characters of output left out by the cap
     restarted: bool = False  # the shell had to be replaced (its cwd/env/background jobs are gone)
     seconds: float = 0.0
+    timeout: float = 0.0  # the limit this call ran under
 
 
 def ansi_c_quote(text: str) -> str:
@@ -217,9 +218,9 @@ class Shell:
             await self._restart_after_exit(e)
             text, cut = cap_output(out.decode("utf-8", errors="replace"), limit, self._dropped)
             note = "\n[the shell exited; a new shell was started: cwd, variables and background jobs were reset]"
-            return ShellResult(text + note, 0, False, cut, True, time.perf_counter() - t0)
+            return ShellResult(text + note, 0, False, cut, True, time.perf_counter() - t0, timeout)
         text, cut = cap_output(out.decode("utf-8", errors="replace"), limit, self._dropped)
-        return ShellResult(text, code, timed_out, cut, restarted, time.perf_counter() - t0)
+        return ShellResult(text, code, timed_out, cut, restarted, time.perf_counter() - t0, timeout)
 
     def _take_frames(self) -> bytes:
         """Payloads of the complete frames received so far (stdout and stderr alike)."""

@@ -57,13 +57,13 @@ SUBMIT_SCHEMA = {
 }
 
 
-def format_result(res: Any, timeout: float) -> str:
+def format_result(res: Any) -> str:
     """A ShellResult as the model sees it: the output, then one status line."""
     text = res.output if res.output else "(no output)\n"
     if not text.endswith("\n"):
         text += "\n"
     if res.timed_out:
-        status = f"[command timed out after {timeout:g} s and was killed; exit code {res.exit_code}]"
+        status = f"[command timed out after {res.timeout:.3g} s and was killed; exit code {res.exit_code}]"
         if res.restarted:
             status += "\n[the shell was replaced: cwd, variables and background jobs were reset]"
     else:
@@ -125,8 +125,8 @@ class BashTool(_ContainerTool):
                       ) -> tuple[ToolResponse, float, dict[str, Any]]:
         env = get_env(instance_id)
         refused = env.refusal()
-        if refused:
-            return ToolResponse(text=refused), 0.0, {}
+        if refused:  # submitted, or past the agent's time limit: the episode ends here
+            return ToolResponse(text=refused), 0.0, {"episode_done": True}
         asked = parameters.get("timeout")
         timeout = min(self.timeout, float(asked)) if isinstance(asked, (int, float)) and asked > 0 else self.timeout
         try:
@@ -134,7 +134,7 @@ class BashTool(_ContainerTool):
         except ContainerError as e:
             raise ToolUnavailable(str(e), cause=e.cause) from e
         metrics = {"exit_code": res.exit_code, "timed_out": res.timed_out, "cut_chars": res.cut_chars}
-        return ToolResponse(text=format_result(res, timeout)), 0.0, metrics
+        return ToolResponse(text=format_result(res)), 0.0, metrics
 
 
 class EditorTool(_ContainerTool):
@@ -145,8 +145,8 @@ class EditorTool(_ContainerTool):
                       ) -> tuple[ToolResponse, float, dict[str, Any]]:
         env = get_env(instance_id)
         refused = env.refusal()
-        if refused:
-            return ToolResponse(text=refused), 0.0, {}
+        if refused:  # submitted, or past the agent's time limit: the episode ends here
+            return ToolResponse(text=refused), 0.0, {"episode_done": True}
         timeout = float(self.config.get("timeout", 60))
 
         async def run(cmd: str) -> Any:
