@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import needs_docker
+from task_helpers import needs_docker
 
 from verl_agent.tasks.container import LABEL, OWNER_LABEL, RUN_LABEL, ContainerSpec, container_kwargs, owner_id
 from verl_agent.tasks.grading import copy_dir

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import needs_docker
+from task_helpers import needs_docker
 
 from verl_agent.tasks.editor import Editor
 from verl_agent.tasks.task import load_task

@@ -8,7 +8,7 @@ import os
 import tempfile
 
 import pytest
-from conftest import needs_docker
+from task_helpers import needs_docker
 
 pytestmark = [needs_docker, pytest.mark.docker, pytest.mark.slow]
 

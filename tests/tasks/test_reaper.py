@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import needs_docker
+from task_helpers import needs_docker
 
 from verl_agent.tasks.container import LABEL, OWNER_LABEL
 from verl_agent.tasks.pool import ContainerPool

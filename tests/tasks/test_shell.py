@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import needs_docker
+from task_helpers import needs_docker
 
 from verl_agent.tasks.shell import ansi_c_quote, cap_output
 from verl_agent.tasks.task import load_task

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_task
+from task_helpers import make_task
 
 from verl_agent.tasks.image import _from_images, environment_hash, image_tag
 from verl_agent.tasks.task import TaskError, find_tasks, load_task

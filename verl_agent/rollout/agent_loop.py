@@ -379,9 +379,11 @@ class AgentLoop:
             return await score_with_reward_fn(reward_fn, self.tokenizer, sample, [traj], ep.last_text)
         if ep.session is not None:
             try:
-                return float(await ep.session.calc_reward())
+                reward = float(await ep.session.calc_reward())
             except RuntimeError as e:  # a tool's own cause (e.g. verifier_timeout) when it gives one
                 raise InfraFailure(getattr(e.__cause__, "cause", None) or "reward_error", str(e)) from e
+            traj.metrics.update(ep.session.reward_metrics)  # e.g. a verifier's named rewards
+            return reward
         return 0.0
 
 

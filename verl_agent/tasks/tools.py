@@ -107,6 +107,13 @@ class _ContainerTool(BaseTool):
         env.reward_claimed = True
         return graded.reward
 
+    def reward_metrics(self, instance_id: str) -> dict[str, float]:
+        """reward.json's other numbers (``verifier/<name>``) and the grading time, for the trajectory."""
+        graded = get_env(instance_id).graded
+        if graded is None:
+            return {}
+        return {"verifier/seconds": graded.seconds, **{f"verifier/{k}": v for k, v in graded.metrics.items()}}
+
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         await detach(instance_id)
 

@@ -94,6 +94,7 @@ class ToolSession:
         self.instance_ids: dict[str, str] = {}
         self.create_errors: dict[str, str] = {}
         self.stats = {"tool_calls": 0.0, "tool_errors": 0.0, "tool_timeouts": 0.0}
+        self.reward_metrics: dict[str, float] = {}  # from tools' optional reward_metrics(instance_id)
         self._entered = False
 
     def _kw(self, tool_name: str, key: str) -> dict[str, Any]:
@@ -189,7 +190,8 @@ class ToolSession:
         return ToolResult(text=resp.text, reward=reward, metrics=metrics, image=resp.image)
 
     async def calc_reward(self) -> float:
-        """Sum of `calc_reward` over the created tools (calc_reward_kwargs applied).
+        """Sum of `calc_reward` over the created tools (calc_reward_kwargs applied). A tool with a
+        ``reward_metrics(instance_id) -> dict`` method adds its named metrics to ``self.reward_metrics``.
 
         A tool that was never created (its `create` failed), or whose calc_reward raises or returns
         a non-finite value, makes this raise `RuntimeError` naming it: a reward that could not be
@@ -209,6 +211,9 @@ class ToolSession:
             if not math.isfinite(value):
                 raise RuntimeError(f'tool "{name}": calc_reward returned a non-finite value ({value})')
             total += value
+            named = getattr(self.tools[name], "reward_metrics", None)  # optional: named parts of the reward
+            if named is not None:
+                self.reward_metrics.update(named(iid))
         return total
 
     def metrics(self) -> dict[str, float]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import make_task, needs_docker
+from task_helpers import make_task, needs_docker
 from model_helpers import call_text, scripted_engine
 
 from verl_agent.data import DataError, iter_samples, load_samples
@@ -63,6 +63,7 @@ async def test_agent_loop_solves_a_task_with_the_container_tools(chat_tokenizer,
         batch = await agent.run([sample], 2, SamplingParams(max_new_tokens=200))
     for traj in batch.trajectories:
         assert (traj.reward, traj.outcome, traj.stop_reason) == (1.0, "ok", "end_of_turn")
+        assert traj.metrics["verifier/seconds"] > 0
         tool_msgs = [m.content for m in traj.messages if m.role == "tool"]
         assert tool_msgs[0] == "2\n[exit code 0]" and tool_msgs[1] == "File created successfully at: /app/count.txt"
         assert len(traj.turns) == 3

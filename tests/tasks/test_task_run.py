@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import make_task, needs_docker
+from task_helpers import make_task, needs_docker
 
 from verl_agent.cli import main
 from verl_agent.tasks.grading import GradingError, grade
