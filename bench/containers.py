@@ -168,7 +168,8 @@ async def main(args: argparse.Namespace) -> dict:
         res["traj_warm"] = await trajectories(pool, task, args.trajectories, 10)
     finally:
         await pool.close()
-    res["left_behind"] = len(pool.client.containers.list(all=True, filters={"label": f"verl-agent.tasks.run={pool.run_id}"}))
+    mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
+    res["left_behind"] = len(pool.client.containers.list(all=True, filters=mine))
     return res
 
 
@@ -182,7 +183,8 @@ def report(r: dict) -> dict:
         ("bash echo c=16 (ms)", f"p50 {ms(r['c16'], 50)}  p99 {ms(r['c16'], 99)}"),
         ("bash echo c=64 (ms)", f"p50 {ms(r['c64'], 50)}  p99 {ms(r['c64'], 99)}"),
         ("64 trajectories x 10 calls, cold",
-         f"wall {t['wall_s']:.1f} s, errors {t['errors']}, bash p50 {t['bash_p50_ms']:.1f} ms p99 {t['bash_p99_ms']:.1f} ms"),
+         f"wall {t['wall_s']:.1f} s, errors {t['errors']}, bash p50 {t['bash_p50_ms']:.1f} ms "
+         f"p99 {t['bash_p99_ms']:.1f} ms"),
         ("64 trajectories x 10 calls, warm pool",
          f"wall {tw['wall_s']:.1f} s, errors {tw['errors']}, bash p50 {tw['bash_p50_ms']:.1f} ms "
          f"p99 {tw['bash_p99_ms']:.1f} ms"),

@@ -10,10 +10,10 @@ Protocol: each call writes one line::
 
 The command runs in the shell itself (``eval`` inside the function ``__va``, not a subshell), with
 stdin from /dev/null so it cannot swallow the next call, stderr merged into stdout. Being in a
-function, ``declare`` without ``-g`` makes a local variable (``export`` and plain assignments persist). The line that ends the call carries
-a fresh random token, so output cannot fake the end of a call, and the exit code. Quoting the command
-as ``$'...'`` means an unbalanced quote in it is a syntax error of that call (exit 2), never a
-hung shell.
+function, ``declare`` without ``-g`` makes a local variable (``export`` and plain assignments persist).
+The line that ends the call carries a fresh random token, so output cannot fake the end of a call,
+and the exit code. Quoting the command as ``$'...'`` means an unbalanced quote in it is a syntax
+error of that call (exit 2), never a hung shell.
 
 Per-call timeout: the shell gets SIGUSR1, whose trap returns from ``__va`` (ending the rest of the
 command, shell-builtin loops included), and the processes the call started (children of the shell,
@@ -145,8 +145,8 @@ class Shell:
         except docker.errors.APIError as e:
             raise ShellError(f"starting bash in {self.container_id[:12]} failed: {e.explanation or e}") from e
         token = secrets.token_hex(8)
-        self._sock.sendall(f"{_PRELUDE}\nprintf '\\036VA{token}:%d:%s\\n' $$ \"$(cat /proc/1/task/1/children 2>/dev/null)\"\n"
-                           .encode())
+        hello = f"printf '\\036VA{token}:%d:%s\\n' $$ \"$(cat /proc/1/task/1/children 2>/dev/null)\""
+        self._sock.sendall(f"{_PRELUDE}\n{hello}\n".encode())
         self._sock.settimeout(30)
         buf = bytearray()
         marker = _MARK + token.encode() + b":"
