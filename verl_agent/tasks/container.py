@@ -7,12 +7,13 @@ made with, in one place:
   internet AND the caller allowed it;
 * ``cap_drop ALL`` (a root agent keeps only CHOWN, DAC_OVERRIDE, FOWNER, FSETID, SETUID, SETGID, so
   package-style file work still runs), ``no-new-privileges``, private IPC, no Docker socket and no
-  host path mounted, Docker's default seccomp profile where the daemon has one;
+  host path mounted;
 * memory (swap included), CPU, pids and file-size limits from task.toml (``storage_mb`` also becomes
   the writable layer's size where the storage driver supports it);
 * the user: ``[agent] user`` from task.toml, else the image's own USER (Harbor's convention);
-* PID 1 is Docker's init reaping a ``sleep`` whose length bounds the container's life: a container
-  outlives neither its lifetime nor (``auto_remove``) its stop, even when nobody is left to remove it.
+* PID 1 is Docker's init reaping a ``sleep`` (the image's ENTRYPOINT/CMD do not run) whose length
+  bounds the container's life: a container outlives neither its lifetime nor (``auto_remove``) its
+  stop, even when nobody is left to remove it.
 
 Labels: ``verl-agent.tasks=1``, the run id, the owner (``host:pid:process start time``) and the Ray
 node. ``reap()`` removes every labelled container whose owner process is dead on this host (a crash
@@ -91,7 +92,8 @@ def container_kwargs(spec: ContainerSpec, labels: dict[str, str], image_user: st
     root = is_root(user)
     fsize = spec.storage_mb << 20
     kw: dict[str, Any] = dict(
-        image=spec.image, command=["sleep", str(int(spec.lifetime_s))], init=True, detach=True, auto_remove=True,
+        image=spec.image, entrypoint=["sleep"], command=[str(int(spec.lifetime_s))], init=True, detach=True,
+        auto_remove=True,
         user=user or None, hostname="task", labels=labels, stdin_open=False, tty=False,
         cap_drop=["ALL"], cap_add=ROOT_CAPS if root else None, security_opt=["no-new-privileges"],
         ipc_mode="private", mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",

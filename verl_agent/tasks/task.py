@@ -28,7 +28,7 @@ Terminal-Bench's older ``task.yaml`` layout is refused with an error that says h
 
 from __future__ import annotations
 
-import json
+import copy
 import re
 import tomllib
 from collections.abc import Iterator
@@ -225,20 +225,15 @@ def task_sample(task: HarborTask, extra: dict[str, Any] | None = None, uid: str 
     )
 
 
-def iter_task_samples(path: Path, where: str | None = None) -> Iterator[Any]:
-    """Samples from a folder of tasks (or one task dir), or from a JSONL row naming one task.
-
-    JSONL rows: ``{"task": "relative/or/absolute/dir", ...extra fields}``; a relative path is taken
-    from the JSONL's folder; extra fields go to ``extra_info``."""
-    if path.is_dir():
-        for d in find_tasks(path):
-            yield task_sample(load_task(d, allow_internet=None))
-        return
-    raise TaskError(f"{where or path}: not a task folder")
+def iter_task_samples(path: Path) -> Iterator[Any]:
+    """Samples of a folder of task directories (or of one task directory), in name order."""
+    for d in find_tasks(path):
+        yield task_sample(load_task(d, allow_internet=None))
 
 
 def row_task_sample(row: dict[str, Any], base: Path, where: str) -> Any:
-    """One JSONL row ``{"task": path, ...}`` -> Sample (see iter_task_samples)."""
+    """One JSONL row ``{"task": "dir", ...}`` -> Sample: a relative dir is taken from `base` (the JSONL's
+    folder); the row's other fields go to ``extra_info`` (a string ``prompt`` becomes a system message)."""
     rel = row.get("task")
     if not isinstance(rel, str) or not rel:
         raise TaskError(f"{where}: 'task' must be a task directory path")
@@ -248,4 +243,4 @@ def row_task_sample(row: dict[str, Any], base: Path, where: str) -> Any:
         task = load_task(d, allow_internet=None)
     except TaskError as e:
         raise TaskError(f"{where}: {e}") from None
-    return task_sample(task, json.loads(json.dumps(extra)), uid=row.get("uid"))
+    return task_sample(task, copy.deepcopy(extra), uid=row.get("uid"))
