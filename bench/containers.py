@@ -169,7 +169,7 @@ async def main(args: argparse.Namespace) -> dict:
     finally:
         await pool.close()
     mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
-    res["left_behind"] = len(pool.client.containers.list(all=True, filters=mine))
+    res["left_behind"] = len(pool.client.containers.list(all=True, ignore_removed=True, filters=mine))
     return res
 
 

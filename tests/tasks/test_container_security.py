@@ -40,7 +40,7 @@ def env(count_task):
     (secret_dir / "secret.txt").write_text("HOST-SECRET-7f3a\n")
     yield {"client": client, "task": task, "image": ensure_image(task, client), "secret_dir": secret_dir}
     shutil.rmtree(secret_dir, ignore_errors=True)
-    for c in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={RUN}"}):
+    for c in client.containers.list(all=True, ignore_removed=True, filters={"label": f"{RUN_LABEL}={RUN}"}):
         c.remove(force=True)
 
 

@@ -71,7 +71,7 @@ def test_one_pool_per_node_serves_that_nodes_trajectories(count_task):
         ray.get([pools[n].close.remote() for n in nodes])
         client = docker.from_env()
         assert not [c for r in runs for c in client.containers.list(
-            all=True, filters={"label": f"verl-agent.tasks.run={r}"})]
+            all=True, ignore_removed=True, filters={"label": f"verl-agent.tasks.run={r}"})]
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -60,8 +60,10 @@ def test_image_tag_follows_the_environment_content(tmp_path):
     a, b = make_task(tmp_path, "a"), make_task(tmp_path, "b")
     assert environment_hash(a / "environment") == environment_hash(b / "environment")
     tag = image_tag(load_task(a))
+    assert image_tag(load_task(b)) == tag  # identical environments share one image
     (a / "environment" / "data.txt").write_text("x")
-    assert image_tag(load_task(a)) != tag and image_tag(load_task(a)).startswith("verl-agent-task/a:")
+    assert image_tag(load_task(a)) != tag and image_tag(load_task(a)).startswith("verl-agent-task:")
+    assert image_tag(load_task(b)) == tag  # b keeps the image of the unchanged environment
     before = image_tag(load_task(a))
     (a / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")  # not in the image
     (a / "solution" / "solve.sh").write_text("true\n")

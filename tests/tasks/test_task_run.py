@@ -23,7 +23,7 @@ def _last_json(capsys) -> dict:
 def test_tasks_run_oracle_scores_1_and_nop_0_and_the_image_is_built_once(count_task, capsys):
     assert main(["tasks", "run", str(count_task), "--agent", "oracle"]) == 0
     first = _last_json(capsys)
-    assert first["reward"] == 1.0 and first["outcome"] == "ok" and first["image"].startswith("verl-agent-task/")
+    assert first["reward"] == 1.0 and first["outcome"] == "ok" and first["image"].startswith("verl-agent-task:")
     assert {"image_s", "start_s", "agent_s", "grade_s", "total_s"} <= set(first["timings"])
     assert main(["tasks", "run", str(count_task), "--agent", "nop"]) == 0
     second = _last_json(capsys)

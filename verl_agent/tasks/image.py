@@ -4,9 +4,11 @@
 
 * ``[environment] docker_image`` names a prebuilt image: it must exist locally (nothing is pulled).
 * otherwise ``environment/Dockerfile`` is built by the Docker daemon with ``environment/`` as the
-  context, tagged ``verl-agent-task/<name>:<hash>`` where the hash covers every file of
-  ``environment/`` (path, mode, bytes). A second run, or another trajectory of the same task, finds
-  the tag and builds nothing; editing any file of ``environment/`` gives a new tag.
+  context, tagged ``verl-agent-task:<hash>`` where the hash covers every file of ``environment/``
+  (path, mode, bytes). A second run, or another trajectory of the same task, finds the tag and
+  builds nothing; editing any file of ``environment/`` gives a new tag; tasks whose ``environment/``
+  is identical share one image (and so one warm pool). The image is labelled with the first task
+  that built it (``verl-agent.tasks.task``).
 
 Every base image a ``FROM`` names must already be local: the build never pulls. A missing one fails
 with an ``ImageError`` naming it and saying how to provide it (``verl-agent tasks build-bases`` makes
@@ -17,7 +19,6 @@ the image never contains the verifier or the oracle.
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,7 @@ def environment_hash(env_dir: Path) -> str:
 
 
 def image_tag(task: HarborTask) -> str:
-    name = re.sub(r"[^a-z0-9._-]+", "-", task.name.lower()).strip("-._") or "task"
-    return f"{IMAGE_REPO}/{name[:100]}:{environment_hash(task.environment_dir)[:16]}"
+    return f"{IMAGE_REPO}:{environment_hash(task.environment_dir)[:16]}"
 
 
 def _from_images(dockerfile: str) -> list[str]:

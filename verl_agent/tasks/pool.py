@@ -9,7 +9,9 @@
 Containers are keyed by their ``ContainerSpec`` (image, user, limits, network): the n samples of a
 GRPO group, and tasks whose ``environment/`` is identical, share one key. After a key's first use the
 pool keeps ``warm`` started containers of it (their shells already open), so the next acquire only
-pops one; starts run in threads, at most ``max_starting`` at once, and never on the event loop.
+pops one; starts run in threads, at most ``max_starting`` at once, and never on the event loop. The
+warm containers of a key not acquired for ``idle_s`` seconds are removed (a task seen once does not
+keep containers for the rest of the run).
 
 Every container carries the run's labels (``container.py``); the pool reaps containers of dead
 owners when it starts and every ``reap_interval_s`` while it lives, and removes its own on close.
@@ -67,6 +69,7 @@ class ContainerPool:
 
     def __init__(self, client: Any = None, *, run_id: str | None = None, warm: int = 2, max_starting: int = 4,
                  allow_internet: bool = False, node_id: str | None = None, reap_interval_s: float = 60.0,
+                 idle_s: float = 120.0,
                  max_output: int = 16000, pids: int = 512, lifetime_s: int | None = None,
                  shells: bool = True) -> None:
         import docker
@@ -74,6 +77,8 @@ class ContainerPool:
         self.client = client or docker.from_env(max_pool_size=64, timeout=120)
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.warm, self.allow_internet, self.node_id = warm, allow_internet, node_id
+        self.idle_s = idle_s  # warm containers of a spec not acquired for this long are removed
+        self._last_used: dict[ContainerSpec, float] = {}
         self.max_output, self.pids, self.lifetime_s = max_output, pids, lifetime_s
         self.shells = shells  # False: the user of a container opens its shell itself (a pool in another process)
         self._starting = threading.Semaphore(max(1, max_starting))
@@ -92,7 +97,7 @@ class ContainerPool:
         self.closed = False
         self.reaped_at_start = reap(self.client)
         self._stop = threading.Event()
-        self._reaper = threading.Thread(target=self._reap_loop, args=(reap_interval_s,), daemon=True,
+        self._reaper = threading.Thread(target=self._housekeeping, args=(reap_interval_s,), daemon=True,
                                         name="verl-agent-tasks-reaper")
         self._reaper.start()
 
@@ -206,10 +211,26 @@ class ContainerPool:
         for _ in range(missing):
             threading.Thread(target=self._fill, args=(spec, task_name), daemon=True).start()
 
-    def _reap_loop(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            with contextlib.suppress(Exception):
-                reap(self.client)
+    def _housekeeping(self, reap_interval: float) -> None:
+        """Every few seconds: drop warm containers of specs idle for idle_s; every reap_interval: reap."""
+        last_reap = time.monotonic()
+        while not self._stop.wait(min(5.0, reap_interval, self.idle_s / 2)):
+            self.evict_idle()
+            if time.monotonic() - last_reap >= reap_interval:
+                last_reap = time.monotonic()
+                with contextlib.suppress(Exception):
+                    reap(self.client)
+
+    def evict_idle(self) -> int:
+        """Remove the warm containers of specs not acquired for idle_s seconds; returns how many."""
+        now = time.monotonic()
+        with self._guard:
+            idle = [s for s, q in self._ready.items() if q and now - self._last_used.get(s, now) > self.idle_s]
+            boxes = [b for s in idle for b in self._ready.pop(s)]
+        for b in boxes:
+            self._remove_later(b)
+        self.stats["evicted"] += len(boxes)
+        return len(boxes)
 
     # -- public --------------------------------------------------------------------------------
 
@@ -224,6 +245,7 @@ class ContainerPool:
             raise ContainerError("the container pool is closed")
         spec = self.spec_for(task, await self.image_for(task))
         with self._guard:
+            self._last_used[spec] = time.monotonic()
             box = self._ready[spec].popleft() if self._ready[spec] else None
         self._refill(spec, task.name)
         if box is not None:
@@ -237,6 +259,7 @@ class ContainerPool:
         """Start warm containers of `task`'s spec until `n` (default `warm`) are ready; wait for them."""
         spec = self.spec_for(task, await self.image_for(task))
         with self._guard:
+            self._last_used[spec] = time.monotonic()
             missing = (self.warm if n is None else n) - len(self._ready[spec]) - self._filling[spec]
             self._filling[spec] += max(0, missing)
         for _ in range(max(0, missing)):  # each start waits for one of the max_starting slots
@@ -244,6 +267,7 @@ class ContainerPool:
         while True:
             with self._guard:
                 if not self._filling[spec]:
+                    self._last_used[spec] = time.monotonic()  # idle from now, not from the start of the wait
                     return
             await asyncio.sleep(0.05)
 
