@@ -23,7 +23,7 @@ def _trajectory(task_dir: str) -> dict:
     from verl_agent.tasks.grading import copy_dir
 
     async def run() -> dict:
-        e = await env.attach("traj-" + ray.get_runtime_context().get_task_id(), task_dir, pool="ray")
+        e = await env.attach("traj-" + ray.get_runtime_context().get_task_id(), task_dir, pool="ray", warm=0)
         try:
             pwd = (await e.run("pwd", 10)).output
             await asyncio.to_thread(copy_dir, e.pool.client, e.box.id, e.task.solution_dir, "solution")
@@ -54,18 +54,17 @@ def test_one_pool_per_node_serves_that_nodes_trajectories(count_task):
     try:
         ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
         cluster.wait_for_nodes()
-        pools = ensure_node_pools(warm=0)
-        nodes = sorted(pools)
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         assert len(nodes) == 2
-        infos = ray.get([pools[n].info.remote() for n in nodes])
-        assert [i["node_id"] for i in infos] == nodes  # each actor runs on the node it serves
-        traj = ray.remote(num_cpus=1)(_trajectory)
+        traj = ray.remote(num_cpus=1)(_trajectory)  # the first trajectory of a node makes its pool actor
         refs = [traj.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(str(count_task))
                 for n in nodes for _ in range(2)]
         results = ray.get(refs, timeout=180)
         for n, r in zip([n for n in nodes for _ in range(2)], results):
             assert r == {"worker_node": n, "pool_node": n, "label_node": n, "reward": 1.0, "pwd": "/app\n"}
+        pools = ensure_node_pools(warm=0)  # the driver's call finds the same actors
         stats = ray.get([pools[n].info.remote() for n in nodes])
+        assert [s["node_id"] for s in stats] == nodes  # each actor runs on the node it serves
         assert [s["stats"]["started"] for s in stats] == [2, 2] and [s["in_use"] for s in stats] == [0, 0]
         runs = [s["run_id"] for s in stats]
         ray.get([pools[n].close.remote() for n in nodes])

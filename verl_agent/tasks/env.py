@@ -51,7 +51,9 @@ def get_pool(**options: Any) -> Any:
         if options.get("pool", "local") == "ray":
             from verl_agent.tasks.ray_pool import NodePoolClient
 
-            _pool = NodePoolClient(max_output=int(options.get("max_output_chars", 16000)))
+            _pool = NodePoolClient(max_output=int(options.get("max_output_chars", 16000)),
+                                   warm=int(options.get("warm", 2)), allow_internet=bool(options.get("allow_internet")),
+                                   max_starting=int(options.get("max_starting", 4)))
         else:
             _pool = ContainerPool(warm=int(options.get("warm", 2)), allow_internet=bool(options.get("allow_internet")),
                                   max_output=int(options.get("max_output_chars", 16000)),

@@ -1,9 +1,10 @@
 """One container pool per Ray node: each node's trajectories use that node's Docker daemon.
 
-    pools = ensure_node_pools(warm=2)     # on the driver: one ContainerPoolActor per alive node, each
-                                          # pinned to its node (NodeAffinitySchedulingStrategy, soft=False)
+    pools = ensure_node_pools(warm=2)     # optional, on the driver: one ContainerPoolActor per alive
+                                          # node, pinned to it (NodeAffinitySchedulingStrategy, soft=False)
     # in a rollout worker (tool YAML: `pool: ray`): env.get_pool() is a NodePoolClient that asks the
-    # actor of the worker's own node (ray.get_runtime_context().get_node_id()) for containers
+    # actor of the worker's own node (ray.get_runtime_context().get_node_id()) for containers; the
+    # first worker of a node that needs it makes it (get_if_exists), when the driver did not
 
 Placement is Ray's: the rollout workers go where the trainer's placement puts them, and each finds
 the pool actor of its node by name (``verl-agent-tasks-pool-<node id>``); there is no scheduler here.
@@ -22,7 +23,7 @@ from verl_agent.tasks.pool import ContainerPool, TaskContainer
 from verl_agent.tasks.shell import Shell
 from verl_agent.tasks.task import HarborTask, load_task
 
-__all__ = ["ContainerPoolActor", "NodePoolClient", "actor_name", "ensure_node_pools"]
+__all__ = ["ContainerPoolActor", "NodePoolClient", "actor_name", "ensure_node_pools", "node_pool"]
 
 PREFIX = "verl-agent-tasks-pool-"
 
@@ -60,21 +61,23 @@ class ContainerPoolActor:
         self.pool.close_sync()
 
 
-def ensure_node_pools(**options: Any) -> dict[str, Any]:
-    """One ContainerPoolActor per alive Ray node (made once; later calls return the same actors)."""
+def node_pool(node_id: str, **options: Any) -> Any:
+    """The pool actor of one node, made (pinned to that node) if it does not exist yet."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     remote = ray.remote(num_cpus=0, max_concurrency=256)(ContainerPoolActor)
-    actors = {}
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        nid = node["NodeID"]
-        actors[nid] = remote.options(
-            name=actor_name(nid), get_if_exists=True,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nid, soft=False),
-        ).remote(nid, **options)
+    return remote.options(
+        name=actor_name(node_id), get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+    ).remote(node_id, **options)
+
+
+def ensure_node_pools(**options: Any) -> dict[str, Any]:
+    """One ContainerPoolActor per alive Ray node (made once; later calls return the same actors)."""
+    import ray
+
+    actors = {n["NodeID"]: node_pool(n["NodeID"], **options) for n in ray.nodes() if n.get("Alive")}
     ray.get([a.info.remote() for a in actors.values()])  # started, each on its node
     return actors
 
@@ -82,16 +85,12 @@ def ensure_node_pools(**options: Any) -> dict[str, Any]:
 class NodePoolClient:
     """A rollout worker's view of its node's pool actor, with ContainerPool's acquire/release."""
 
-    def __init__(self, max_output: int = 16000) -> None:
+    def __init__(self, max_output: int = 16000, **options: Any) -> None:
         import docker
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
-        try:
-            self.actor = ray.get_actor(actor_name(self.node_id))
-        except ValueError:
-            raise RuntimeError(f"no container pool actor on Ray node {self.node_id}: call "
-                               "verl_agent.tasks.ray_pool.ensure_node_pools() on the driver first") from None
+        self.actor = node_pool(self.node_id, max_output=max_output, **options)  # the existing one, if any
         self.client = docker.from_env(max_pool_size=64)
         self.max_output = max_output
 
