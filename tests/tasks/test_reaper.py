@@ -103,3 +103,35 @@ async def test_warm_containers_of_an_idle_image_are_removed(count_task):
         pool.close_sync()
     mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
     assert not pool.client.containers.list(all=True, ignore_removed=True, filters=mine)
+
+
+def test_reap_removes_only_dead_owners_containers_running_or_stopped(count_task):
+    """After a daemon restart a dead run's containers may be stopped, not running: both kinds go; a live
+    owner's and another host's stay."""
+    import socket
+
+    import docker
+
+    from verl_agent.tasks.container import RUN_LABEL, owner_id, reap
+    from verl_agent.tasks.image import ensure_image
+
+    client = docker.from_env()
+    image = ensure_image(load_task(count_task), client)
+    run = f"reap-{os.getpid()}"
+    owners = {"dead": f"{socket.gethostname()}:{2**22 + 7}:1", "live": owner_id(), "elsewhere": "other-host:1:1"}
+    made = {}
+    for kind, owner in owners.items():
+        c = client.containers.create(image, ["sleep", "60"], labels={LABEL: "1", RUN_LABEL: run, OWNER_LABEL: owner})
+        made[kind] = c  # created, never started: what a stopped container looks like to the reaper
+    running_dead = client.containers.run(image, ["sleep", "60"], detach=True, network_disabled=True,
+                                         labels={LABEL: "1", RUN_LABEL: run, OWNER_LABEL: owners["dead"]})
+    try:
+        reap(client)
+        mine = {"label": f"{RUN_LABEL}={run}"}
+        left = {c.id for c in client.containers.list(all=True, ignore_removed=True, filters=mine)}
+        assert made["dead"].id not in left and running_dead.id not in left
+        assert made["live"].id in left and made["elsewhere"].id in left
+        assert reap(client, run_id=run) == 2  # a run's own sweep takes the rest
+    finally:
+        for c in client.containers.list(all=True, ignore_removed=True, filters={"label": f"{RUN_LABEL}={run}"}):
+            c.remove(force=True)
