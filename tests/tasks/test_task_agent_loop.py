@@ -130,3 +130,16 @@ async def test_the_agents_time_limit_ends_the_episode(chat_tokenizer, rollout_cf
     assert float(tool_msgs[0].split("timed out after ")[1].split(" s")[0]) <= 1.0
     assert len(traj.turns) == 2 and traj.stop_reason == "end_of_turn"  # the refused call ended the episode
     assert (traj.reward, traj.outcome) == (0.0, "policy_failure")
+
+
+async def test_an_interactions_verifier_timeout_keeps_its_cause(chat_tokenizer, rollout_cfg, tmp_path, pool):
+    from verl_agent.interactions.registry import build_interactions
+    from verl_agent.tasks import env
+
+    d = make_task(tmp_path, "slow-verifier-i", test_sh="#!/bin/bash\nsleep 20\n", verifier_timeout=1.0)
+    inter = build_interactions([{"name": "harbor", "class_name": "verl_agent.tasks.interaction.TaskInteraction"}])
+    agent = AgentLoop(scripted_engine(chat_tokenizer, ["Done."]), chat_tokenizer, rollout_cfg, interactions=inter,
+                      max_prompt_length=4096, max_response_length=1024)
+    with env.using_pool(pool):
+        (traj,) = (await agent.run(load_samples(d), 1, SamplingParams(max_new_tokens=50))).trajectories
+    assert (traj.outcome, traj.cause, traj.reward) == ("infra_failure", "verifier_timeout", 0.0)

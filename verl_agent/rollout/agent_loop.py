@@ -232,7 +232,8 @@ class AgentLoop:
             ep.interaction = await stack.enter_async_context(InteractionSession(interaction, sample.interaction_kwargs))
             first = await ep.interaction.initial_observation()
         except Exception as e:
-            raise InfraFailure("interaction_error", f"interaction failed to start: {type(e).__name__}: {e}") from e
+            raise InfraFailure(getattr(e, "cause", None) or "interaction_error",
+                               f"interaction failed to start: {type(e).__name__}: {e}") from e
         if first:
             ep.messages.append(Message(role="user", content=str(first)))
 
@@ -357,7 +358,8 @@ class AgentLoop:
         turn.score, turn.tool_seconds = float(score), time.perf_counter() - t0
         ep.state_key = None if info.get("state_key") is None else str(info["state_key"])
         if ep.interaction.error:
-            raise InfraFailure("interaction_error", f"interaction failed: {ep.interaction.error}")
+            raise InfraFailure(ep.interaction.cause or "interaction_error",
+                               f"interaction failed: {ep.interaction.error}")
         return done, str(reply)
 
     # -- reward --------------------------------------------------------------------------------
@@ -372,7 +374,8 @@ class AgentLoop:
         if ep.interaction is not None:
             score = float(await ep.interaction.score())
             if ep.interaction.error:
-                raise InfraFailure("interaction_error", f"interaction calculate_score failed: {ep.interaction.error}")
+                raise InfraFailure(ep.interaction.cause or "interaction_error",
+                                   f"interaction calculate_score failed: {ep.interaction.error}")
             return score
         reward_fn = self.reward_fn or default_scorer(sample.data_source)
         if reward_fn is not None:
