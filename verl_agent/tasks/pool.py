@@ -104,8 +104,8 @@ class ContainerPool:
     # -- specs ---------------------------------------------------------------------------------
 
     def _probe_storage_opt(self) -> bool:
-        """Does the daemon honour a writable-layer size (overlay2 on xfs with pquota)? Else only the
-        file-size ulimit bounds the disk."""
+        """Can the daemon cap the writable layer (overlay2 on xfs; it also needs pquota, which the first
+        create finds out)? Else only the file-size ulimit bounds the disk."""
         info = self.client.info()
         return info.get("Driver") == "overlay2" and any(
             k == "Backing Filesystem" and v == "xfs" for k, v in info.get("DriverStatus") or [])
@@ -142,7 +142,7 @@ class ContainerPool:
         cid = None
         with self._starting:
             try:
-                c = self.client.containers.create(**container_kwargs(spec, labels, image_user, self._storage_opt))
+                c = self._create(spec, labels, image_user)
                 cid = c.id
                 c.start()
                 shell = Shell(self.client, cid, user=spec.user or image_user, workdir=workdir,
@@ -157,6 +157,19 @@ class ContainerPool:
         self.stats["started"] += 1
         return TaskContainer(cid, spec, shell, workdir, spec.user or image_user, time.perf_counter() - t0,
                              task_name=task_name, labels=labels)
+
+    def _create(self, spec: ContainerSpec, labels: dict[str, str], image_user: str) -> Any:
+        import docker.errors
+
+        try:
+            return self.client.containers.create(**container_kwargs(spec, labels, image_user, self._storage_opt))
+        except docker.errors.APIError as e:
+            if not (self._storage_opt and "storage" in str(e).lower()):
+                raise
+            logger.warning("the daemon refuses a writable-layer size (%s); only the file-size limit bounds the "
+                           "disk", e.explanation or e)
+            self._storage_opt = False  # xfs without pquota: the size option is refused
+            return self.client.containers.create(**container_kwargs(spec, labels, image_user, False))
 
     def _remove(self, cid: str) -> None:
         import docker.errors
