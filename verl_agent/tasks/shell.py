@@ -202,7 +202,8 @@ class Shell:
         t0 = time.perf_counter()
         token = secrets.token_hex(8)
         marker = _MARK + token.encode() + b":"
-        line = (f"jobs -p >{JOBS_FILE} 2>/dev/null; __va {ansi_c_quote(command)} </dev/null 2>&1; "
+        line = (f"declare -F __va >/dev/null || {{ {_PRELUDE}; }}; "  # gone after an `exec bash`
+                f"jobs -p >{JOBS_FILE} 2>/dev/null; __va {ansi_c_quote(command)} </dev/null 2>&1; "
                 f"printf '\\036VA{token}:%d\\n' $?\n")
         out = bytearray()
         self._dropped = 0
