@@ -37,15 +37,24 @@ class ImageError(RuntimeError):
     """A task image cannot be provided (missing base image, failed build); the message says which and why."""
 
 
+_hashes: dict[tuple, str] = {}
+
+
 def environment_hash(env_dir: Path) -> str:
-    """sha256 over every file under env_dir (relative path, executable bit, content), hex."""
-    h = hashlib.sha256()
-    for p in sorted(env_dir.rglob("*")):
-        if p.is_file():
+    """sha256 over every file under env_dir (relative path, executable bit, content), hex. Remembered
+    per process while no file's size, mtime or mode changes (every trajectory asks; a large
+    environment/ is read once)."""
+    files = sorted(p for p in env_dir.rglob("*") if p.is_file())
+    stats = [(p, p.stat()) for p in files]
+    key = (str(env_dir), tuple((str(p), s.st_size, s.st_mtime_ns, s.st_mode) for p, s in stats))
+    if key not in _hashes:
+        h = hashlib.sha256()
+        for p, st in stats:
             h.update(p.relative_to(env_dir).as_posix().encode() + b"\0")
-            h.update(b"x" if p.stat().st_mode & 0o111 else b"-")
+            h.update(b"x" if st.st_mode & 0o111 else b"-")
             h.update(hashlib.sha256(p.read_bytes()).digest())
-    return h.hexdigest()
+        _hashes[key] = h.hexdigest()
+    return _hashes[key]
 
 
 def image_tag(task: HarborTask) -> str:
