@@ -37,6 +37,7 @@ test: setup model setup-docker setup-sglang setup-chromium
 bench: setup model
 	$(PY) bench/rollout.py
 	$(PY) bench/sandbox.py
+	$(PY) bench/containers.py
 
 clean:
 	rm -rf $(VENV) .venv-sglang runs .pytest_cache

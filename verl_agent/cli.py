@@ -1,4 +1,4 @@
-"""`verl-agent` command line: train | rollout | model | sandbox | config | view.
+"""`verl-agent` command line: train | rollout | model | sandbox | tasks | config | view.
 
 Each subcommand imports its machinery lazily so `--help` stays instant.
 """
@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sandbox_cli(sub)
     sub.choices["sandbox"].set_defaults(func=run_sandbox_cli)
+    from verl_agent.tasks.cli import add_cli as add_tasks_cli
+
+    add_tasks_cli(sub)
 
     p = sub.add_parser("config", help="show the resolved config or list all keys", epilog=EPILOG_OVERRIDES,
                        formatter_class=fmt)

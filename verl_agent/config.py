@@ -34,8 +34,10 @@ class Section(BaseModel):
 
 # ---------------------------------------------------------------- data
 class DataConfig(Section):
-    train_files: list[str] = Field(default_factory=list, description="JSONL/parquet training files")
-    val_files: list[str] = Field(default_factory=list, description="JSONL/parquet validation files")
+    train_files: list[str] = Field(default_factory=list,
+                                   description="JSONL/parquet training files, or folders of Harbor task directories")
+    val_files: list[str] = Field(default_factory=list,
+                                 description="JSONL/parquet validation files, or folders of Harbor task directories")
     train_file: str | None = Field(None, description="single training file (quick-start spelling of train_files)")
     val_file: str | None = Field(None, description="single validation file (quick-start spelling of val_files)")
     train_batch_size: int = Field(8, ge=1, description="prompts per training step")

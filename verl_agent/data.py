@@ -3,6 +3,8 @@
 Two row formats are accepted in the same file:
 
 * simple: ``{"prompt": "2+2=?", "answer": "4"}`` (prompt becomes one user message)
+* Harbor task: ``{"task": "path/to/task_dir", ...}`` (relative to the JSONL's folder; the other fields go to
+  ``extra_info``); a dataset path that is a folder of task directories also works (verl_agent.tasks)
 * verl:   ``{"prompt": [{"role": "user", "content": ...}], "reward_model": {"ground_truth": ...},
   "data_source": ..., "agent_name": ..., "extra_info": {"tools_kwargs": ..., "interaction_kwargs": ...}}``
   (verl's other columns, e.g. ``ability`` and ``reward_model.style``, are not used; ``extra_info`` goes
@@ -130,18 +132,34 @@ def iter_samples(
 ) -> Iterator[Sample]:
     """Stream Samples from one file. Bad rows raise DataError unless skip_bad_rows (then on_skip(err))."""
     path = Path(path)
+    if path.is_dir():  # a folder of Harbor tasks (or one task directory): one sample per task
+        yield from _task_samples(path)
+        return
     for lineno, row in _iter_rows(path):
         where = f"{path}:{lineno}"
         try:
             if isinstance(row, DataError):
                 raise row
-            yield row_to_sample(row, where, prompt_key, answer_key)
+            if isinstance(row, dict) and "task" in row and prompt_key not in row:
+                yield from _task_samples(path.parent, row, where)
+            else:
+                yield row_to_sample(row, where, prompt_key, answer_key)
         except DataError as e:
             if not skip_bad_rows:
                 raise
             log.warning("skipping bad row: %s", e)
             if on_skip is not None:
                 on_skip(e)
+
+
+def _task_samples(path: Path, row: dict | None = None, where: str = "") -> Iterator[Sample]:
+    """Harbor task samples (verl_agent.tasks): a task folder, or one JSONL row ``{"task": dir, ...}``."""
+    from verl_agent.tasks.task import TaskError, iter_task_samples, row_task_sample
+
+    try:
+        yield from ([row_task_sample(row, path, where)] if row is not None else iter_task_samples(path))
+    except TaskError as e:
+        raise DataError(str(e)) from None
 
 
 def load_samples(path: str | Path, **kwargs: Any) -> list[Sample]:

@@ -103,6 +103,7 @@ class InteractionSession:
         self.kwargs = {k: v for k, v in (interaction_kwargs or {}).items() if k != "name"}
         self.instance_id: str | None = None
         self.error: str | None = None
+        self.cause: str | None = None  # an exception's own `cause` attribute (e.g. "verifier_timeout"), if any
 
     async def __aenter__(self) -> InteractionSession:
         iid = await self.interaction.start_interaction(str(uuid.uuid4()), **self.kwargs)
@@ -120,6 +121,7 @@ class InteractionSession:
         except asyncio.CancelledError:
             raise
         except Exception as e:
+            self.cause = self.cause or getattr(e, "cause", None)
             return self._failed(f"{type(e).__name__}: {e}")
         value = float(score or 0.0)
         if not math.isfinite(value):
@@ -138,6 +140,7 @@ class InteractionSession:
             raise
         except Exception as e:
             self.error = self.error or f"{type(e).__name__}: {e}"
+            self.cause = self.cause or getattr(e, "cause", None)
             logger.warning("interaction calculate_score failed: %s", e)
             return 0.0
         if not math.isfinite(value):

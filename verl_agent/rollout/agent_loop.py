@@ -10,7 +10,8 @@ other except inside the engine's batches, so a slow tool blocks only its own tra
 Stop reasons (protocol.StopReason): end_of_turn, interaction_done, max_assistant_turns,
 max_user_turns, response_budget (data.max_response_length counted over all turns,
 observations included; an observation that does not fit is not appended), engine_length,
-prompt_too_long, error.
+prompt_too_long, error. A tool whose call returns ``episode_done`` in its metrics (``submit``)
+ends the episode after that turn (end_of_turn).
 
 Outcome (protocol.Outcome), set on every trajectory: infrastructure failures (the engine
 raising, a tool crashing or timing out inside our code, a sandbox that is down, a reward
@@ -235,7 +236,8 @@ class AgentLoop:
             ep.interaction = await stack.enter_async_context(InteractionSession(interaction, sample.interaction_kwargs))
             first = await ep.interaction.initial_observation()
         except Exception as e:
-            raise InfraFailure("interaction_error", f"interaction failed to start: {type(e).__name__}: {e}") from e
+            raise InfraFailure(getattr(e, "cause", None) or "interaction_error",
+                               f"interaction failed to start: {type(e).__name__}: {e}") from e
         if first:
             ep.messages.append(Message(role="user", content=str(first)))
 
@@ -340,6 +342,8 @@ class AgentLoop:
             ep.counts["malformed_calls"] += len(parsed.errors)
             if res.infra is not None:
                 raise InfraFailure(*res.infra)
+            if any(m.get("episode_done") for m in res.metrics):  # e.g. a `submit` tool: the episode ends here
+                raise _Stop("end_of_turn")
             return res.messages
         if ep.interaction is None:
             raise _Stop("end_of_turn")
@@ -358,7 +362,8 @@ class AgentLoop:
         turn.score, turn.tool_seconds = float(score), time.perf_counter() - t0
         ep.state_key = None if info.get("state_key") is None else str(info["state_key"])
         if ep.interaction.error:
-            raise InfraFailure("interaction_error", f"interaction failed: {ep.interaction.error}")
+            raise InfraFailure(ep.interaction.cause or "interaction_error",
+                               f"interaction failed: {ep.interaction.error}")
         return done, str(reply)
 
     # -- reward --------------------------------------------------------------------------------
@@ -373,16 +378,19 @@ class AgentLoop:
         if ep.interaction is not None:
             score = float(await ep.interaction.score())
             if ep.interaction.error:
-                raise InfraFailure("interaction_error", f"interaction calculate_score failed: {ep.interaction.error}")
+                raise InfraFailure(ep.interaction.cause or "interaction_error",
+                                   f"interaction calculate_score failed: {ep.interaction.error}")
             return score
         reward_fn = self.reward_fn or default_scorer(sample.data_source)
         if reward_fn is not None:
             return await score_with_reward_fn(reward_fn, self.tokenizer, sample, [traj], ep.last_text)
         if ep.session is not None:
             try:
-                return float(await ep.session.calc_reward())
-            except RuntimeError as e:
-                raise InfraFailure("reward_error", str(e)) from e
+                reward = float(await ep.session.calc_reward())
+            except RuntimeError as e:  # a tool's own cause (e.g. verifier_timeout) when it gives one
+                raise InfraFailure(getattr(e.__cause__, "cause", None) or "reward_error", str(e)) from e
+            traj.metrics.update(ep.session.reward_metrics)  # e.g. a verifier's named rewards
+            return reward
         return 0.0
 
 

@@ -7,7 +7,9 @@
 
 `tools_kwargs` is the dataset row's `extra_info.tools_kwargs`:
 `{tool_name: {create_kwargs, execute_kwargs, calc_reward_kwargs, release_kwargs}}`,
-each passed to the matching lifecycle method of that tool.
+each passed to the matching lifecycle method of that tool. Every tool of one session is offered the
+same instance id (``trajectory_id``), so tools that share per-trajectory state (the container tools of
+verl_agent.tasks) find it under one key.
 
 Failure policy: whatever goes wrong in one call becomes a `ToolResult(ok=False,
 text="Error: ...")`; only cancellation propagates. What the model got wrong (unknown
@@ -88,9 +90,11 @@ class ToolSession:
             if not isinstance(kw, Mapping):
                 raise ValueError(f"tools_kwargs[{name!r}] must be a mapping with {_KWARG_KEYS}, got {kw!r}")
             self.kwargs[name] = {k: dict(kw.get(k) or {}) for k in _KWARG_KEYS}
+        self.trajectory_id = str(uuid.uuid4())
         self.instance_ids: dict[str, str] = {}
         self.create_errors: dict[str, str] = {}
         self.stats = {"tool_calls": 0.0, "tool_errors": 0.0, "tool_timeouts": 0.0}
+        self.reward_metrics: dict[str, float] = {}  # from tools' optional reward_metrics(instance_id)
         self._entered = False
 
     def _kw(self, tool_name: str, key: str) -> dict[str, Any]:
@@ -106,7 +110,7 @@ class ToolSession:
         return self
 
     async def _create(self, name: str, tool: BaseTool) -> None:
-        wanted = str(uuid.uuid4())
+        wanted = self.trajectory_id  # one id for every tool of the trajectory: tools can share its state
         try:
             out = await asyncio.wait_for(tool.create(wanted, **self._kw(name, "create_kwargs")), self.timeout)
         except asyncio.CancelledError:
@@ -186,7 +190,8 @@ class ToolSession:
         return ToolResult(text=resp.text, reward=reward, metrics=metrics, image=resp.image)
 
     async def calc_reward(self) -> float:
-        """Sum of `calc_reward` over the created tools (calc_reward_kwargs applied).
+        """Sum of `calc_reward` over the created tools (calc_reward_kwargs applied). A tool with a
+        ``reward_metrics(instance_id) -> dict`` method adds its named metrics to ``self.reward_metrics``.
 
         A tool that was never created (its `create` failed), or whose calc_reward raises or returns
         a non-finite value, makes this raise `RuntimeError` naming it: a reward that could not be
@@ -206,6 +211,9 @@ class ToolSession:
             if not math.isfinite(value):
                 raise RuntimeError(f'tool "{name}": calc_reward returned a non-finite value ({value})')
             total += value
+            named = getattr(self.tools[name], "reward_metrics", None)  # optional: named parts of the reward
+            if named is not None:
+                self.reward_metrics.update(named(iid))
         return total
 
     def metrics(self) -> dict[str, float]:

@@ -1,0 +1,221 @@
+"""Trajectory containers, measured side by side in one run (needs the Docker daemon and the local image
+verl-agent-sandbox-base:bookworm; the task image is built from it offline on first use).
+
+    python bench/containers.py [--cold 10] [--warm 20] [--trajectories 64]
+
+Rows:
+  start cold         pool.acquire with no warm container: create + start + shell open (p50/p99)
+  start warm         pool.acquire with a warm container ready (p50/p99); the target is p50 <= 100 ms
+  bash c=1/16/64     `echo` round trip through the persistent shell at 1, 16, 64 concurrent trajectories
+  64 trajectories    64 at once, 10 bash calls each with 0.1-1 s of simulated model time between calls:
+                     wall time, errors, bash round trip p50/p99 under that load; once with every container
+                     started cold as the trajectories begin, once from a warm pool sized to the batch
+  memory per idle    the container's cgroup memory plus its containerd-shim's RSS on the host
+  left behind        task containers of this run still present after the pool closed
+
+Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from verl_agent.tasks.pool import ContainerPool  # noqa: E402
+from verl_agent.tasks.task import load_task  # noqa: E402
+
+BASE = "verl-agent-sandbox-base:bookworm"
+
+
+def make_task(root: Path) -> Path:
+    d = root / "bench-echo"
+    for sub in ("environment", "tests", "solution"):
+        (d / sub).mkdir(parents=True)
+    (d / "instruction.md").write_text("Echo things.\n")
+    (d / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 30.0\n[agent]\ntimeout_sec = 600.0\n'
+                                 "[environment]\ncpus = 1\nmemory_mb = 256\nstorage_mb = 256\n")
+    (d / "environment" / "Dockerfile").write_text(f"FROM {BASE}\nWORKDIR /tmp\n")
+    (d / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (d / "solution" / "solve.sh").write_text("true\n")
+    return d
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+async def cold_starts(pool: ContainerPool, task, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        box = await pool.acquire(task)
+        out.append(time.perf_counter() - t0)
+        await pool.release(box)
+    return out
+
+
+async def warm_starts(pool: ContainerPool, task, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        await pool.prewarm(task)
+        t0 = time.perf_counter()
+        box = await pool.acquire(task)
+        out.append(time.perf_counter() - t0)
+        assert box.warm
+        await pool.release(box)
+    return out
+
+
+async def echo_rtts(boxes: list, calls: int) -> list[float]:
+    async def one(box) -> list[float]:
+        lat = []
+        for i in range(calls):
+            t0 = time.perf_counter()
+            res = await box.shell.run(f"echo {i}", 30)
+            lat.append(time.perf_counter() - t0)
+            assert res.output == f"{i}\n", res
+        return lat
+
+    return [x for lat in await asyncio.gather(*(one(b) for b in boxes)) for x in lat]
+
+
+async def trajectories(pool: ContainerPool, task, n: int, calls: int) -> dict:
+    rng = random.Random(0)
+    lat: list[float] = []
+    errors = []
+
+    async def one(k: int) -> None:
+        box = await pool.acquire(task)
+        try:
+            await box.shell.run(f"cd /tmp && mkdir -p t{k} && cd t{k}", 30)
+            for i in range(calls):
+                await asyncio.sleep(rng.uniform(0.1, 1.0))  # the model thinking
+                t0 = time.perf_counter()
+                res = await box.shell.run(f"echo {i} >> log && wc -l < log", 30)
+                lat.append(time.perf_counter() - t0)
+                if res.output.strip() != str(i + 1):
+                    errors.append(f"trajectory {k} call {i}: {res.output!r}")
+        except Exception as e:
+            errors.append(f"trajectory {k}: {type(e).__name__}: {e}")
+        finally:
+            await pool.release(box)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(k) for k in range(n)))
+    return {"wall_s": time.perf_counter() - t0, "errors": len(errors), "first_errors": errors[:3],
+            "bash_p50_ms": 1e3 * pct(lat, 50), "bash_p99_ms": 1e3 * pct(lat, 99), "calls": len(lat)}
+
+
+def idle_memory_mb(box) -> tuple[float, float]:
+    """(container cgroup memory MB, containerd-shim RSS MB) of one idle container."""
+    cg = 0.0
+    for path in (f"/sys/fs/cgroup/memory/docker/{box.id}/memory.usage_in_bytes",
+                 f"/sys/fs/cgroup/system.slice/docker-{box.id}.scope/memory.current"):
+        try:
+            cg = int(Path(path).read_text()) / 2**20
+            break
+        except OSError:
+            continue
+    shim = 0.0
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if box.id in (proc / "cmdline").read_text(errors="ignore") and b"shim" in (proc / "cmdline").read_bytes():
+                for line in (proc / "status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        shim += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return cg, shim
+
+
+async def main(args: argparse.Namespace) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="bench-containers-"))
+    task = load_task(make_task(root))
+    pool = ContainerPool(warm=0, max_starting=4)
+    res: dict = {}
+    try:
+        await pool.image_for(task)
+        t0 = time.perf_counter()
+        await pool.image_for(task)
+        res["image_cached_s"] = time.perf_counter() - t0
+        res["cold"] = await cold_starts(pool, task, args.cold)
+        pool.warm = 1
+        res["warm"] = await warm_starts(pool, task, args.warm)
+        pool.warm = 0
+        await asyncio.sleep(1)
+        boxes = [await pool.acquire(task) for _ in range(64)]
+        await echo_rtts(boxes[:1], 20)  # warm the path
+        res["c1"] = await echo_rtts(boxes[:1], 200)
+        res["c16"] = await echo_rtts(boxes[:16], 40)
+        res["c64"] = await echo_rtts(boxes, 20)
+        mem = [idle_memory_mb(b) for b in boxes[:8]]
+        res["mem_cgroup_mb"] = statistics.mean(m[0] for m in mem)
+        res["mem_shim_mb"] = statistics.mean(m[1] for m in mem)
+        for b in boxes:
+            await pool.release(b)
+        res["traj"] = await trajectories(pool, task, args.trajectories, 10)
+        await pool.prewarm(task, args.trajectories)  # a warm pool sized to the batch (pool.warm stays 0: no refill)
+        res["traj_warm"] = await trajectories(pool, task, args.trajectories, 10)
+    finally:
+        await pool.close()
+    mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
+    res["left_behind"] = len(pool.client.containers.list(all=True, ignore_removed=True, filters=mine))
+    return res
+
+
+def report(r: dict) -> dict:
+    ms = lambda xs, q: round(1e3 * pct(xs, q), 1)  # noqa: E731
+    t, tw = r["traj"], r["traj_warm"]
+    rows = [
+        ("start cold (ms)", f"p50 {ms(r['cold'], 50)}  p99 {ms(r['cold'], 99)}  (n={len(r['cold'])})"),
+        ("start warm (ms)", f"p50 {ms(r['warm'], 50)}  p99 {ms(r['warm'], 99)}  (n={len(r['warm'])})"),
+        ("bash echo c=1 (ms)", f"p50 {ms(r['c1'], 50)}  p99 {ms(r['c1'], 99)}"),
+        ("bash echo c=16 (ms)", f"p50 {ms(r['c16'], 50)}  p99 {ms(r['c16'], 99)}"),
+        ("bash echo c=64 (ms)", f"p50 {ms(r['c64'], 50)}  p99 {ms(r['c64'], 99)}"),
+        ("64 trajectories x 10 calls, cold",
+         f"wall {t['wall_s']:.1f} s, errors {t['errors']}, bash p50 {t['bash_p50_ms']:.1f} ms "
+         f"p99 {t['bash_p99_ms']:.1f} ms"),
+        ("64 trajectories x 10 calls, warm pool",
+         f"wall {tw['wall_s']:.1f} s, errors {tw['errors']}, bash p50 {tw['bash_p50_ms']:.1f} ms "
+         f"p99 {tw['bash_p99_ms']:.1f} ms"),
+        ("memory per idle container", f"cgroup {r['mem_cgroup_mb']:.1f} MB + shim RSS {r['mem_shim_mb']:.1f} MB"),
+        ("image, second lookup (ms)", f"{1e3 * r['image_cached_s']:.1f} (no build)"),
+        ("containers left behind", str(r["left_behind"])),
+    ]
+    w = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{w}}  {v}" for k, v in rows))
+    out = {
+        "start_cold_p50_ms": ms(r["cold"], 50), "start_cold_p99_ms": ms(r["cold"], 99),
+        "start_warm_p50_ms": ms(r["warm"], 50), "start_warm_p99_ms": ms(r["warm"], 99),
+        "bash_c1_p50_ms": ms(r["c1"], 50), "bash_c1_p99_ms": ms(r["c1"], 99),
+        "bash_c16_p50_ms": ms(r["c16"], 50), "bash_c16_p99_ms": ms(r["c16"], 99),
+        "bash_c64_p50_ms": ms(r["c64"], 50), "bash_c64_p99_ms": ms(r["c64"], 99),
+        "traj64_wall_s": round(t["wall_s"], 2), "traj64_errors": t["errors"],
+        "traj64_bash_p50_ms": round(t["bash_p50_ms"], 1), "traj64_bash_p99_ms": round(t["bash_p99_ms"], 1),
+        "traj64_warm_wall_s": round(tw["wall_s"], 2), "traj64_warm_errors": tw["errors"],
+        "traj64_warm_bash_p50_ms": round(tw["bash_p50_ms"], 1), "traj64_warm_bash_p99_ms": round(tw["bash_p99_ms"], 1),
+        "idle_container_cgroup_mb": round(r["mem_cgroup_mb"], 1), "idle_container_shim_mb": round(r["mem_shim_mb"], 1),
+        "image_cached_ms": round(1e3 * r["image_cached_s"], 1), "containers_left": r["left_behind"],
+    }
+    if t["first_errors"] or tw["first_errors"]:
+        print("errors:", *t["first_errors"], *tw["first_errors"], sep="\n  ")
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cold", type=int, default=10)
+    p.add_argument("--warm", type=int, default=20)
+    p.add_argument("--trajectories", type=int, default=64)
+    report(asyncio.run(main(p.parse_args())))

@@ -1,0 +1,304 @@
+"""One persistent bash per trajectory, over one attached exec socket.
+
+The shell is started once with the Docker SDK (``exec_create`` + ``exec_start(socket=True)``) and
+kept: cwd, exported variables, functions and background processes persist from call to call, and a
+call costs one write and the reads of its output, no new exec.
+
+Protocol: each call writes one line::
+
+    jobs -p >JOBS; __va $'<command>' </dev/null 2>&1; printf '\\036VA<token>:%d\\n' $?
+
+The command runs in the shell itself (``eval`` inside the function ``__va``, not a subshell), with
+stdin from /dev/null so it cannot swallow the next call, stderr merged into stdout. Being in a
+function, ``declare`` without ``-g`` makes a local variable (``export`` and plain assignments persist).
+The line that ends the call carries a fresh random token, so output cannot fake the end of a call,
+and the exit code. Quoting the command as ``$'...'`` means an unbalanced quote in it is a syntax
+error of that call (exit 2), never a hung shell.
+
+Per-call timeout: the shell gets SIGUSR1, whose trap returns from ``__va`` (ending the rest of the
+command, shell-builtin loops included), and the processes the call started (children of the shell,
+minus the background jobs that existed before the call, and all their descendants) are killed; the
+shell lives on with its cwd and variables and the call reports exit code 137. Should the shell still
+not answer (e.g. the command trapped SIGUSR1 itself), it is replaced by a fresh one and the result
+says that its state was lost.
+Output beyond ``max_output`` characters keeps its head and tail with a marker saying how much was cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Shell", "ShellError", "ShellResult", "ansi_c_quote"]
+
+JOBS_FILE = "/tmp/.verl_agent_jobs"
+_MARK = b"\x1eVA"
+_KILLER = r"""
+S=$1; keep=" $(tr '\n' ' ' < %(jobs)s 2>/dev/null) "; pairs=""
+for f in /proc/[0-9]*/stat; do
+  read -r line < "$f" 2>/dev/null || continue
+  pid=${line%%%% *}; rest=${line##*) }; set -- $rest; pairs="$pairs $pid:$2"
+done
+frontier=""
+for pp in $pairs; do p=${pp%%%%:*}; q=${pp##*:}
+  if [ "$q" = "$S" ]; then case "$keep" in *" $p "*) ;; *) frontier="$frontier $p";; esac; fi
+done
+targets=""
+while [ -n "$frontier" ]; do
+  targets="$targets $frontier"; next=""
+  for pp in $pairs; do p=${pp%%%%:*}; q=${pp##*:}; case " $frontier " in *" $q "*) next="$next $p";; esac; done
+  frontier=$next
+done
+kill -USR1 "$S" 2>/dev/null
+[ -n "$targets" ] && kill -9 $targets 2>/dev/null
+echo "$targets"
+""" % {"jobs": JOBS_FILE}
+
+
+# Commands run inside a function so that a timeout can end them: SIGUSR1's trap returns from it.
+_PRELUDE = "__va() { eval \"$1\"; }; trap 'return 137 2>/dev/null' USR1"
+
+
+class ShellError(RuntimeError):
+    """The shell's container or exec is gone (a dead container, a daemon error): an infrastructure failure."""
+
+
+@dataclass
+class ShellResult:
+    """One call's outcome."""
+
+    output: str
+    exit_code: int
+    timed_out: bool = False
+    cut_chars: int = 0  # characters of output left out by the cap
+    restarted: bool = False  # the shell had to be replaced (its cwd/env/background jobs are gone)
+    seconds: float = 0.0
+    timeout: float = 0.0  # the limit this call ran under
+
+
+def ansi_c_quote(text: str) -> str:
+    """``text`` as a bash ``$'...'`` word (every byte survives, nothing is expanded)."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == "'":
+            out.append("\\'")
+        elif ch == "\n":
+            out.append("\\n")
+        elif o < 32 or o == 127:
+            out.append(f"\\x{o:02x}")
+        else:
+            out.append(ch)
+    return "$'" + "".join(out) + "'"
+
+
+def cap_output(text: str, limit: int, dropped: int = 0) -> tuple[str, int]:
+    """Keep the head and tail of ``text`` within ``limit`` characters, with a marker naming the cut;
+    ``dropped`` counts output already left out of the middle of ``text`` while it was read."""
+    if len(text) <= limit and not dropped:
+        return text, 0
+    total = len(text) + dropped
+    cut = total - min(limit, len(text))
+    head = min(limit, len(text)) // 2
+    return (f"{text[:head]}\n[... output truncated: {cut} of {total} characters cut ...]\n"
+            f"{text[len(text) - (min(limit, len(text)) - head):]}"), cut
+
+
+class Shell:
+    """A persistent bash in a running container; ``await run(cmd, timeout)`` per call, one at a time."""
+
+    def __init__(self, client: Any, container_id: str, *, user: str | None = None, workdir: str | None = None,
+                 env: dict[str, str] | None = None, max_output: int = 16000) -> None:
+        self.client, self.container_id = client, container_id
+        self.user, self.workdir = user or "", workdir
+        self.env = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", **(env or {})}
+        self.max_output = max_output
+        self.pid = 0
+        self.init_children = ""  # the container's keeper process (the child of its init), read at start
+        self._sock: socket.socket | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._frames = bytearray()  # undecoded frame bytes
+        self._dropped = 0  # output bytes of the current call read but not kept (a flood's middle)
+        self._lock: asyncio.Lock | None = None
+        self.closed = False
+
+    # -- start (blocking: call from a thread) -------------------------------------------------
+
+    def open(self) -> Shell:
+        """Start bash and read its pid; blocking (the pool calls it in a thread)."""
+        import docker.errors
+
+        try:
+            ex = self.client.api.exec_create(self.container_id, ["bash", "--noprofile", "--norc"], stdin=True,
+                                             stdout=True, stderr=True, tty=False, user=self.user,
+                                             workdir=self.workdir, environment=self.env)
+            self._sock = self.client.api.exec_start(ex["Id"], socket=True)._sock
+        except docker.errors.APIError as e:
+            raise ShellError(f"starting bash in {self.container_id[:12]} failed: {e.explanation or e}") from e
+        token = secrets.token_hex(8)
+        hello = f"printf '\\036VA{token}:%d:%s\\n' $$ \"$(cat /proc/1/task/1/children 2>/dev/null)\""
+        self._sock.sendall(f"{_PRELUDE}\n{hello}\n".encode())
+        self._sock.settimeout(30)
+        buf = bytearray()
+        marker = _MARK + token.encode() + b":"
+        try:
+            while marker not in buf or not buf.endswith(b"\n"):
+                chunk = self._sock.recv(65536)
+                if not chunk:
+                    raise ShellError(f"bash in {self.container_id[:12]} exited at start (is bash in the image?): "
+                                     f"{bytes(self._demux_all(buf))[-300:]!r}")
+                buf += chunk
+        except OSError as e:
+            raise ShellError(f"bash in {self.container_id[:12]} did not answer: {e}") from e
+        text = bytes(self._demux_all(buf))
+        fields = text[text.index(marker) + len(marker):].decode().strip().split(":", 1)
+        self.pid, self.init_children = int(fields[0]), fields[1].strip() if len(fields) > 1 else ""
+        self._sock.settimeout(None)
+        return self
+
+    @staticmethod
+    def _demux_all(buf: bytearray) -> bytearray:
+        out, i = bytearray(), 0
+        while i + 8 <= len(buf):
+            n = int.from_bytes(buf[i + 4:i + 8], "big")
+            out += buf[i + 8:i + 8 + n]
+            i += 8 + n
+        return out
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def _streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        loop = asyncio.get_running_loop()
+        if self._reader is None or self._loop is not loop:
+            if self._sock is None:
+                raise ShellError("the shell is not open")
+            self._sock.setblocking(False)
+            self._reader, self._writer = await asyncio.open_connection(sock=self._sock, limit=1 << 20)
+            if self._loop is not loop:
+                self._loop, self._lock = loop, asyncio.Lock()
+        return self._reader, self._writer  # type: ignore[return-value]
+
+    async def run(self, command: str, timeout: float = 60.0, limit: int | None = None) -> ShellResult:
+        """Run one command in the shell; never raises for the command's own failure (ShellError: infra).
+        ``limit`` overrides ``max_output`` for this call (the editor reads whole files through it)."""
+        if self.closed:
+            raise ShellError("the shell was closed")
+        reader, writer = await self._streams()
+        assert self._lock is not None
+        async with self._lock:
+            return await self._run(reader, writer, command, timeout, limit or self.max_output)
+
+    async def _run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, command: str,
+                   timeout: float, limit: int) -> ShellResult:  # fmt: skip
+        t0 = time.perf_counter()
+        token = secrets.token_hex(8)
+        marker = _MARK + token.encode() + b":"
+        line = (f"declare -F __va >/dev/null || {{ {_PRELUDE}; }}; "  # gone after an `exec bash`
+                f"jobs -p >{JOBS_FILE} 2>/dev/null; __va {ansi_c_quote(command)} </dev/null 2>&1; "
+                f"printf '\\036VA{token}:%d\\n' $?\n")
+        out = bytearray()
+        self._dropped = 0
+        try:
+            writer.write(line.encode())
+            await writer.drain()
+            code = await asyncio.wait_for(self._read_until(reader, marker, out, limit), timeout)
+            timed_out = restarted = False
+        except asyncio.TimeoutError:
+            timed_out = True
+            code, restarted = await self._interrupt(reader, marker, out, limit)
+        except (EOFError, ConnectionError, OSError) as e:  # the command ended the shell (`exit`), or the container died
+            await self._restart_after_exit(e)
+            text, cut = cap_output(out.decode("utf-8", errors="replace"), limit, self._dropped)
+            note = "\n[the shell exited; a new shell was started: cwd, variables and background jobs were reset]"
+            return ShellResult(text + note, 0, False, cut, True, time.perf_counter() - t0, timeout)
+        text, cut = cap_output(out.decode("utf-8", errors="replace"), limit, self._dropped)
+        return ShellResult(text, code, timed_out, cut, restarted, time.perf_counter() - t0, timeout)
+
+    def _take_frames(self) -> bytes:
+        """Payloads of the complete frames received so far (stdout and stderr alike)."""
+        buf, out, i = self._frames, bytearray(), 0
+        while i + 8 <= len(buf):
+            n = int.from_bytes(buf[i + 4:i + 8], "big")
+            if i + 8 + n > len(buf):
+                break
+            out += buf[i + 8:i + 8 + n]
+            i += 8 + n
+        del buf[:i]
+        return bytes(out)
+
+    async def _read_until(self, reader: asyncio.StreamReader, marker: bytes, out: bytearray, limit: int) -> int:
+        """Read into `out` until the end-of-call line; returns the exit code. Safe to cancel: bytes read
+        are kept in ``self._frames``/``out``, so a later read goes on where this one stopped."""
+        keep = 4 * limit + 4096  # bytes kept of a flood: head and tail, the middle is counted only
+        while True:
+            chunk = await reader.read(1 << 16)
+            if not chunk:
+                raise EOFError("the shell's stream ended")
+            self._frames += chunk
+            new = self._take_frames()
+            out += new
+            at = out.find(marker, max(0, len(out) - len(new) - len(marker)))
+            end = out.find(b"\n", at) if at >= 0 else -1
+            if end >= 0:
+                code = int(out[at + len(marker):end])
+                del out[at:]
+                return code
+            if at < 0 and len(out) > 2 * keep:  # a flood: keep its head and its latest bytes, count the rest
+                self._dropped += len(out) - keep
+                del out[keep // 2:len(out) - keep // 2]
+
+    async def _interrupt(self, reader: asyncio.StreamReader, marker: bytes, out: bytearray,
+                         limit: int) -> tuple[int, bool]:  # fmt: skip
+        """Kill the timed-out call's processes; if the shell itself is stuck, replace it."""
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self._exec, ["sh", "-c", _KILLER, "killer", str(self.pid)])
+            return await asyncio.wait_for(self._read_until(reader, marker, out, limit), 3.0), False
+        await asyncio.to_thread(self._exec, ["kill", "-9", str(self.pid)])
+        self._close_socket()
+        self._frames.clear()
+        await asyncio.to_thread(self.open)
+        await self._streams()
+        return 137, True
+
+    async def _restart_after_exit(self, why: Exception) -> None:
+        """A new shell when the container still runs; ShellError (infrastructure) when it does not."""
+        import docker.errors
+
+        self._close_socket()
+        try:
+            state = (await asyncio.to_thread(self.client.api.inspect_container, self.container_id))["State"]
+        except docker.errors.APIError as e:
+            raise ShellError(f"the container {self.container_id[:12]} is gone: {e.explanation or e}") from e
+        if not state.get("Running"):
+            raise ShellError(f"the container {self.container_id[:12]} is no longer running "
+                             f"(status {state.get('Status')}, OOMKilled={state.get('OOMKilled')})") from why
+        await asyncio.to_thread(self.open)
+        await self._streams()
+
+    def _exec(self, cmd: list[str]) -> str:
+        res = self.client.api.exec_create(self.container_id, cmd, user=self.user, stdout=True, stderr=True)
+        return self.client.api.exec_start(res["Id"]).decode(errors="replace")
+
+    def _close_socket(self) -> None:
+        self._frames.clear()
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+        elif self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock, self._writer, self._reader = None, None, None
+
+    def close(self) -> None:
+        """Drop the connection (bash sees end of input and exits); the container is removed by its owner."""
+        self.closed = True
+        self._close_socket()
