@@ -7,7 +7,10 @@ from here, and loading a config must not import torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["HFEngineSettings"]
 
@@ -34,7 +37,7 @@ class HFEngineSettings:
     """
 
     device: str = "cpu"
-    dtype: Any = None
+    dtype: str | torch.dtype | None = None
     seed: int = 0
     stop_on_eos: bool = True
     max_num_seqs: int = 64
