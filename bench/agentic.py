@@ -1,4 +1,4 @@
-"""Agentic rollout benchmark: many multi-turn trajectories with tool waits, on the hf engine's schedulers.
+"""Agentic rollout benchmark: many multi-turn trajectories with tool waits, on the hf engine and a baseline.
 
   python bench/agentic.py                                   # CPU, tiny model, 32 trajectories
   python bench/agentic.py --shape 0.5b --device cuda --n 256
@@ -8,7 +8,7 @@ Each trajectory: a random prompt, 1-4 assistant turns whose lengths come from a
 fixed-seed distribution (enforced with per-request max_new_tokens, no EOS),
 after every turn but the last a tool wait (asyncio.sleep) and tool output
 tokens appended to the context. Rows, side by side in one run on one model:
-  batch          today's per-batch scheduling (scheduler="batch")
+  batch          per-batch scheduling (bench/baselines.py: every context prefilled whole)
   continuous     continuous batching, every turn re-prefills its whole context
   continuous+kv  continuous batching + per-session KV reuse (session = trajectory id)
   generate       raw transformers `generate` on equal work (batches of equal rows with
@@ -94,7 +94,7 @@ async def run_engine(engine, trajs: list[Trajectory], sessions: bool) -> dict[st
     wall = time.perf_counter() - t0
     m1 = engine.metrics()
     d = {k: m1[k] - m0.get(k, 0.0) for k in m1}
-    prefilled = d.get("engine/prefill_tokens", prefill)  # the batch scheduler prefills every context whole
+    prefilled = d.get("engine/prefill_tokens", prefill)  # the per-batch baseline prefills every context whole
     lat.sort()
     return {
         "wall_s": wall, "traj_per_s": len(trajs) / wall, "gen_tok_s": gen / wall, "prefill_tok_s": prefilled / wall,
@@ -107,14 +107,16 @@ async def run_engine(engine, trajs: list[Trajectory], sessions: bool) -> dict[st
 
 
 async def engine_row(model, row: str, trajs, warm, a) -> dict[str, float]:
+    from baselines import PerBatchEngine
+
     from verl_agent.engine.hf_engine import HFEngine
 
     max_len = a.prompt_len + a.max_turns * (a.turn_max + a.tool_max)
-    kw = {"device": a.device, "stop_on_eos": False, "max_batch_size": a.slots, "seed": 0}
+    kw = {"device": a.device, "stop_on_eos": False, "seed": 0}
     if row == "batch":
-        engine = HFEngine(model, scheduler="batch", **kw)
+        engine = PerBatchEngine(model, max_batch_size=a.slots, **kw)
     else:
-        engine = HFEngine(model, scheduler="continuous", max_num_seqs=a.slots, max_model_len=max_len,
+        engine = HFEngine(model, max_num_seqs=a.slots, max_model_len=max_len,
                           gpu_memory_utilization=a.gpu_memory_utilization, **kw)  # fmt: skip
         await engine.capture_graphs()
     await run_engine(engine, warm, sessions=row.endswith("kv"))
@@ -176,7 +178,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--n", type=int, default=None, help="trajectories (default 256 on CUDA, 32 on CPU)")
     p.add_argument("--rows", default="batch,continuous,continuous+kv,generate")
-    p.add_argument("--slots", type=int, default=None, help="max_num_seqs / max_batch_size (default n)")
+    p.add_argument("--slots", type=int, default=None, help="hf engine's max_num_seqs / baseline's max_batch_size (default n)")
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=None, help="default 256 on CUDA, 32 on CPU")
     p.add_argument("--turn-min", type=int, default=None, help="default 32 (CUDA) / 8 (CPU)")

@@ -10,8 +10,8 @@ Loop overhead: 2-turn calculator conversations on a scripted engine that answers
 instantly, so the figure is the cost of the loop itself (parsing, tools, chat
 encoding, bookkeeping) on one asyncio thread = one core.
 Engine throughput: N concurrent requests of equal length through the Engine API
-(continuous scheduler, and the per-batch scheduler) vs transformers' own `generate`
-on the same batch (warm calls; generated tokens/s).
+(the hf engine, and the per-batch baseline of bench/baselines.py) vs transformers'
+own `generate` on the same batch (warm calls; generated tokens/s).
 Needs neither ray nor sglang.
 """
 
@@ -75,15 +75,20 @@ def sync(device: torch.device) -> None:
 
 
 def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repeats: int = 2,
-                       scheduler: str = "continuous", torch_compile: bool = False, stats: dict | None = None,
+                       per_batch: bool = False, torch_compile: bool = False, stats: dict | None = None,
                        seeded: bool = False) -> float:
     """Best generated tokens/s of `repeats` warm calls; `stats` gets the first call's seconds (graph captures,
-    compiles) and the warm calls' milliseconds per decode step."""
+    compiles) and the warm calls' milliseconds per decode step. per_batch: the baseline, not the hf engine."""
+    from baselines import PerBatchEngine
+
     from verl_agent.engine.contract import SamplingParams
     from verl_agent.engine.hf_engine import HFEngine
 
-    engine = HFEngine(model, device=device, max_batch_size=batch, stop_on_eos=False, scheduler=scheduler,
-                      max_model_len=plen + new, gpu_memory_utilization=0.85, torch_compile=torch_compile)  # fmt: skip
+    if per_batch:
+        engine = PerBatchEngine(model, device=device, max_batch_size=batch, stop_on_eos=False)
+    else:
+        engine = HFEngine(model, device=device, max_num_seqs=batch, stop_on_eos=False, max_model_len=plen + new,
+                          gpu_memory_utilization=0.85, torch_compile=torch_compile)  # fmt: skip
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab - 1, (plen,), generator=gen).tolist() for _ in range(batch)]
@@ -98,7 +103,7 @@ def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repe
 
     async def run() -> float:
         t0 = time.perf_counter()
-        if not torch_compile:  # continuous on CUDA: every decode bucket before timing (compiled: those used)
+        if not (torch_compile or per_batch):  # on CUDA: every decode bucket before timing (compiled: those used)
             await engine.capture_graphs()
         best = 0.0
         for i in range(repeats + 1):  # the first call warms up (and compiles on GPU)
@@ -126,7 +131,7 @@ def bench_cpu(batch: int, plen: int, new: int) -> dict[str, float]:
     model = AutoModelForCausalLM.from_pretrained(str(build_tiny())).eval()
     return {
         "cpu_engine_tok_s": _engine_throughput(model, batch, plen, new, "cpu"),
-        "cpu_engine_batch_sched_tok_s": _engine_throughput(model, batch, plen, new, "cpu", scheduler="batch"),
+        "cpu_engine_batch_sched_tok_s": _engine_throughput(model, batch, plen, new, "cpu", per_batch=True),
         "cpu_generate_tok_s": _raw_generate(model, batch, plen, new, static=False),
     }
 
@@ -148,7 +153,7 @@ def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,
             "compiled": ("gpu_engine_compiled_tok_s", lambda: _engine_throughput(
                 model, batch, plen, new, "cuda", torch_compile=True, stats=compiled)),
             "batch": ("gpu_engine_batch_sched_tok_s",
-                      lambda: _engine_throughput(model, batch, plen, new, "cuda", scheduler="batch"))}
+                      lambda: _engine_throughput(model, batch, plen, new, "cuda", per_batch=True))}
     for row in rows.split(","):
         key, fn = runs[row]
         res[key] = fn()
@@ -169,8 +174,8 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--trajectories", type=int, default=256, help="loop benchmark: trajectories")
     p.add_argument("--gpu-rows", default="generate,continuous,batch",
-                   help="GPU rows: raw static generate, the engine's continuous and batch schedulers, and "
-                   "'compiled' (continuous with torch_compile)")
+                   help="GPU rows: raw static generate, the hf engine ('continuous'), the per-batch baseline "
+                   "('batch') and 'compiled' (the hf engine with torch_compile)")
     p.add_argument("--gpu-shape", choices=["0.5b", "7b"], default="0.5b", help="GPU: Qwen2 shape (random weights)")
     p.add_argument("--seeded", action="store_true", help="GPU continuous row: every request seeded, as the trainer "
                    "seeds them (each seeded row draws its own random numbers)")

@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "chat": {"protocol"},
     "parsers": {"protocol"},
     "data": {"protocol", "tasks.task"},
-    "config": {"protocol", "parsers"},
+    "config": {"protocol", "parsers", "engine.settings"},
     "reward": {"imports"},
     "yaml_registry": {"imports", "verl_compat"},
     "tools": {"protocol", "gsm8k", "imports", "verl_compat", "yaml_registry", "sandbox.api", "sandbox.client"},
@@ -55,7 +55,7 @@ ALLOWED: dict[str, set[str]] = {
 
 # Packages other work is still splitting: their size violations are reported as warnings, not failures,
 # and circles wholly inside one of them are tolerated. Empty this once they comply.
-SIZE_AND_CIRCLE_ALLOWLIST: tuple[str, ...] = ("engine",)
+SIZE_AND_CIRCLE_ALLOWLIST: tuple[str, ...] = ()
 
 MAX_FUNCTION_LINES = 60
 MAX_PUBLIC_METHODS = 20

@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from verl_agent.engine.settings import HFEngineSettings
+
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "save_config", "all_keys"]
 
 
@@ -202,6 +204,9 @@ class AgentFunctionConfig(Section):
                                        "sampling settings otherwise win, so log-probs match the actor)")
 
 
+_HF = HFEngineSettings()  # the hf engine's defaults, for the keys that configure it
+
+
 class RolloutConfig(Section):
     name: Literal["hf", "sglang"] = "hf"
     mode: Literal["sync", "async"] = Field("async", description="trajectories always run concurrently (sync is refused)")
@@ -210,15 +215,14 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = -1
     do_sample: bool = True
-    max_batch_size: int = Field(64, ge=1, description="hf engine: requests decoded together (batch scheduler; "
-                                "the continuous scheduler's slots when max_num_seqs is unset)")
-    scheduler: Literal["continuous", "batch"] = Field(
-        "continuous", description="hf engine: continuous batching with per-session KV reuse, or per-batch")
-    max_num_seqs: int | None = Field(None, ge=1, description="hf continuous: sequences holding a KV slot at once "
+    max_batch_size: int = Field(_HF.max_num_seqs, ge=1, description="hf engine: KV slots when max_num_seqs "
+                                "is unset")
+    max_num_seqs: int | None = Field(None, ge=1, description="hf engine: sequences holding a KV slot at once "
                                      "(default: max_batch_size; in the trainer, at least a slot for every "
                                      "trajectory the engine holds at once, the batches fed ahead included)")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="hf continuous: prompt tokens per prefill chunk")
-    max_model_len: int | None = Field(None, ge=2, description="hf continuous: tokens one KV slot holds "
+    max_num_batched_tokens: int = Field(_HF.max_num_batched_tokens, ge=1, description="hf engine: prompt tokens "
+                                        "per prefill chunk")
+    max_model_len: int | None = Field(_HF.max_model_len, ge=2, description="hf engine: tokens one KV slot holds "
                                       "(default: the model's limit, at most 4096)")
     prompt_length: int | None = Field(None, description="verl's copy of data.max_prompt_length (must match)")
     response_length: int | None = Field(None, description="verl's copy of data.max_response_length (must match)")
@@ -228,12 +232,12 @@ class RolloutConfig(Section):
         "(default: actor.ppo_micro_batch_size_per_gpu)")
     log_prob_micro_batch_size: int | None = Field(None, description="verl's deprecated global size (refused)")
     tensor_model_parallel_size: int = Field(1, description="one engine replica per worker (values > 1 refused)")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of device memory (host RAM on CPU) "
-                                          "for weights + KV cache: hf continuous sizes its KV slots by it; "
-                                          "sglang's --mem-fraction-static")
-    enable_torch_compile: bool = Field(False, description="torch.compile the decode step: hf continuous compiles "
-                                       "its forward before the CUDA-graph capture (compiles at the first decode "
-                                       "shapes, minutes for a large model); sglang: --enable-torch-compile")
+    gpu_memory_utilization: float = Field(_HF.gpu_memory_utilization, gt=0, le=1, description="share of device "
+                                          "memory (host RAM on CPU) for weights + KV cache: the hf engine sizes "
+                                          "its KV slots by it; sglang's --mem-fraction-static")
+    enable_torch_compile: bool = Field(_HF.torch_compile, description="torch.compile the decode step: hf compiles "
+                                       "its forward before the CUDA-graph capture (a compile at each new decode "
+                                       "shape delays the first steps); sglang: --enable-torch-compile")
     free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
                                     "the actor trains; trainer.mode=sync only (the async modes keep generating)")
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
@@ -573,12 +577,21 @@ def _set(tree: dict, path: list[str], value: Any, where: str) -> None:
     node[path[-1]] = value
 
 
+# keys with no meaning here that a config may still carry: what to do instead of a "did you mean"
+_NO_SUCH_SETTING = {
+    "actor_rollout_ref.rollout.scheduler": "the hf engine has one scheduler (continuous batching); delete the "
+    "key (actor_rollout_ref.rollout.max_num_seqs=1 runs one request at a time)",
+}
+
+
 def _format_errors(err: ValidationError, tree: dict) -> str:
     keys = all_keys()
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int) or True)
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and loc in _NO_SUCH_SETTING:
+            lines.append(f"unknown key {loc!r}: {_NO_SUCH_SETTING[loc]}")
+        elif e["type"] == "extra_forbidden":
             close = difflib.get_close_matches(loc, keys, n=1, cutoff=0.5)
             if not close:  # try matching the last part within the same section
                 section = loc.rsplit(".", 1)[0] + "." if "." in loc else ""

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 import torch
 from model_helpers import random_qwen2
 
 from verl_agent.engine.contract import EngineContractError, SamplingParams, check_engine
-from verl_agent.engine.hf_engine import EngineClosedError, HFEngine
+from verl_agent.engine.hf_engine import EngineClosedError, HFEngine, HFEngineSettings
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19, 20]]
 
@@ -23,9 +22,8 @@ def full_logprobs(model, prompt, gen, temperature=1.0):
     return logits.log_softmax(-1).gather(-1, torch.tensor(gen)[:, None]).squeeze(-1)
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
-async def test_check_engine_passes(small_model, scheduler):
-    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
+async def test_check_engine_passes(small_model):
+    engine = HFEngine(small_model, stop_on_eos=False)
     await check_engine(engine, max_new_tokens=12)
     await engine.close()
 
@@ -48,29 +46,25 @@ async def test_check_engine_catches_a_mixing_engine(small_model):
     await engine.close()
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
-async def test_batched_greedy_equals_hf_generate(small_model, scheduler):
+async def test_batched_greedy_equals_hf_generate(small_model):
     """Padding/positions are right: concurrent requests of different lengths give transformers' greedy output."""
-    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
+    engine = HFEngine(small_model, stop_on_eos=False)
     sp = SamplingParams(temperature=0.0, max_new_tokens=10)
     outs = await asyncio.gather(*(engine.generate(p, sp) for p in PROMPTS))
     for p, out in zip(PROMPTS, outs):
         ref = small_model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None)
         assert out.token_ids == ref[0, len(p) :].tolist()
         assert out.finish_reason == "length"
-    if scheduler == "batch":
-        assert engine.stats["batches"] == 1
-    else:  # the first request starts at once, the other three join it at the next step
-        assert engine.metrics()["engine/prefill_chunks"] <= 2
-        m = engine.metrics()
-        assert m["engine/decode_rows"] == 4 * 9 and m["engine/decode_steps"] < 4 * 9  # they shared steps
+    # the first request starts at once, the other three join it at the next step
+    m = engine.metrics()
+    assert m["engine/prefill_chunks"] <= 2
+    assert m["engine/decode_rows"] == 4 * 9 and m["engine/decode_steps"] < 4 * 9  # they shared steps
     await engine.close()
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-async def test_logprobs_match_a_full_forward(small_model, temperature, scheduler):
-    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
+async def test_logprobs_match_a_full_forward(small_model, temperature):
+    engine = HFEngine(small_model, stop_on_eos=False)
     sp = SamplingParams(temperature=temperature, max_new_tokens=12, top_k=20, top_p=0.9)
     outs = await asyncio.gather(*(engine.generate(p, sp) for p in PROMPTS))
     for p, out in zip(PROMPTS, outs):
@@ -79,9 +73,8 @@ async def test_logprobs_match_a_full_forward(small_model, temperature, scheduler
     await engine.close()
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
-async def test_per_request_params_in_one_batch(small_model, scheduler):
-    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
+async def test_per_request_params_in_one_batch(small_model):
+    engine = HFEngine(small_model, stop_on_eos=False)
     greedy = await engine.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=8))
     stop_at = greedy.token_ids[2]
     reqs = [
@@ -103,9 +96,8 @@ async def test_per_request_params_in_one_batch(small_model, scheduler):
     await engine.close()
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
-async def test_many_concurrent_requests_never_mix(small_model, scheduler):
-    engine = HFEngine(small_model, max_batch_size=16, stop_on_eos=False, scheduler=scheduler)
+async def test_many_concurrent_requests_never_mix(small_model):
+    engine = HFEngine(small_model, max_num_seqs=16, stop_on_eos=False)
     prompts = [[(i * 7 + j) % 90 + 2 for j in range(1 + i % 9)] for i in range(40)]
     sps = [SamplingParams(temperature=0.0, max_new_tokens=1 + i % 8) for i in range(40)]  # rows leave the batch early
     together = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, sps)))
@@ -113,16 +105,12 @@ async def test_many_concurrent_requests_never_mix(small_model, scheduler):
         alone = await engine.generate(p, sp)
         assert alone.token_ids == out.token_ids and len(out.token_ids) == sp.max_new_tokens
         assert alone.logprobs == pytest.approx(out.logprobs, abs=1e-4)
-    if scheduler == "batch":
-        assert engine.stats["batches"] >= 3  # 40 requests, at most 16 per batch
-    else:
-        assert engine.metrics()["engine/kv_slots"] == 16  # 40 requests through 16 slots
+    assert engine.metrics()["engine/kv_slots"] == 16  # 40 requests through 16 slots
     await engine.close()
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
-async def test_event_loop_keeps_running_during_a_batch(small_model, scheduler):
-    engine = HFEngine(small_model, stop_on_eos=False, scheduler=scheduler)
+async def test_event_loop_keeps_running_during_a_batch(small_model):
+    engine = HFEngine(small_model, stop_on_eos=False)
     ticks = 0
 
     async def ticker():
@@ -149,9 +137,8 @@ async def test_eos_stops_by_default(small_model):
     small_model.generation_config.eos_token_id = 1
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
-async def test_update_weights_sleep_wake_close(small_model, scheduler):
-    engine = HFEngine(random_qwen2(seed=1), stop_on_eos=False, scheduler=scheduler)
+async def test_update_weights_sleep_wake_close(small_model):
+    engine = HFEngine(random_qwen2(seed=1), stop_on_eos=False)
     sp = SamplingParams(temperature=0.0, max_new_tokens=8)
     before = await engine.generate(PROMPTS[1], sp)
     await engine.update_weights((k, v.clone()) for k, v in small_model.state_dict().items())
@@ -185,9 +172,9 @@ async def test_engine_dtype_casts_parameters_not_the_rotary_buffer():
     await engine.close()
 
 
-def test_attention_the_continuous_scheduler_cannot_reproduce_is_refused():
+def test_attention_the_slot_attention_cannot_reproduce_is_refused():
     """A sliding window shorter than a sequence's slot, or logit soft-capping, would sample other tokens than
-    the trainer scores: refused by name; a window at least the slot length, or the batch scheduler, runs."""
+    the trainer scores: refused by name, with the way out; a window at least the slot length runs."""
     from transformers import MistralConfig, MistralForCausalLM
 
     def mistral(**kw):
@@ -195,38 +182,53 @@ def test_attention_the_continuous_scheduler_cannot_reproduce_is_refused():
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **kw)
         return MistralForCausalLM(cfg).eval()
 
-    with pytest.raises(ValueError, match="sliding window of 8 tokens, shorter than the 256"):
+    with pytest.raises(ValueError, match=r"sliding window of 8 tokens, shorter than the 256 .*max_model_len <= 8"):
         HFEngine(mistral(sliding_window=8))
     HFEngine(mistral(sliding_window=4096))
-    HFEngine(mistral(sliding_window=8), scheduler="batch")
+    assert HFEngine(mistral(sliding_window=8), max_model_len=8).metrics()["engine/kv_tokens_per_slot"] == 8
     model = random_qwen2()
     model.config.attn_logit_softcapping = 50.0
-    with pytest.raises(ValueError, match="attn_logit_softcapping"):
+    with pytest.raises(ValueError, match="attn_logit_softcapping.*sglang"):
         HFEngine(model)
 
 
-async def test_close_during_a_batch_aborts_its_requests():
-    """"batch" scheduler: close() while a batch is inside the model returns "abort" (no tokens) to each of its
-    generate() calls at once, as it does for queued requests; before, they waited forever. The real forward
-    is held at its first layer until close() has returned, so the batch is certainly running."""
-    model = random_qwen2()
-    inside, go_on = threading.Event(), threading.Event()
+async def test_close_aborts_running_and_queued_requests(small_model):
+    """close() while requests decode: the running one ends "abort" with the tokens sampled so far, the one
+    still queued for a slot ends "abort" with none, and neither caller is left waiting."""
+    engine = HFEngine(small_model, stop_on_eos=False, max_num_seqs=1)
+    sp = SamplingParams(max_new_tokens=500)
+    running = asyncio.ensure_future(engine.generate(PROMPTS[0], sp))
+    queued = asyncio.ensure_future(engine.generate(PROMPTS[1], sp))
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 30
+    while engine.metrics()["engine/decode_steps"] < 3:
+        assert loop.time() < end, "no decode steps"
+        await asyncio.sleep(0.001)
+    await engine.close()
+    a, b = await asyncio.wait_for(asyncio.gather(running, queued), 5)
+    assert a.finish_reason == "abort" and 3 <= len(a.token_ids) < 500 and len(a.logprobs) == len(a.token_ids)
+    assert (b.finish_reason, b.token_ids) == ("abort", [])
 
-    def hold(*_):
-        inside.set()
-        go_on.wait(10)
 
-    hook = model.model.layers[0].register_forward_pre_hook(hold)
-    engine = HFEngine(model, stop_on_eos=False, scheduler="batch")
-    calls = [asyncio.ensure_future(engine.generate(p, SamplingParams(max_new_tokens=5))) for p in PROMPTS[:2]]
-    try:
-        assert await asyncio.to_thread(inside.wait, 10)
-        await engine.close()
-        outs = await asyncio.wait_for(asyncio.gather(*calls), 2)
-    finally:
-        go_on.set()
-        hook.remove()
-    assert [(o.finish_reason, o.token_ids) for o in outs] == [("abort", [])] * 2
+def test_settings_defaults_live_in_one_place_and_bad_settings_are_refused(small_model):
+    """The rollout config's hf keys default to HFEngineSettings' values; keyword overrides take single
+    fields; unknown or out-of-range settings, and the scheduler key a config may still carry, are refused
+    by name."""
+    from verl_agent.config import ConfigError, RolloutConfig, load_config
+    from verl_agent.rollout.build import hf_engine_settings
+
+    assert hf_engine_settings(RolloutConfig(), "cpu") == HFEngineSettings()
+    assert hf_engine_settings(RolloutConfig(max_batch_size=8), "cpu", seed=3).max_num_seqs == 8
+    assert hf_engine_settings(RolloutConfig(max_batch_size=8, max_num_seqs=3), "cpu").max_num_seqs == 3
+    engine = HFEngine(small_model, HFEngineSettings(max_num_seqs=3), max_model_len=40)
+    assert (engine.settings.max_num_seqs, engine.settings.max_model_len) == (3, 40)
+    assert engine.metrics()["engine/kv_slots"] == 3 and engine.metrics()["engine/kv_tokens_per_slot"] == 40
+    with pytest.raises(TypeError, match=r"unknown settings \['scheduler'\]"):
+        HFEngine(small_model, scheduler="batch")
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1, got 0.*gpu_memory_utilization"):
+        HFEngineSettings(max_num_seqs=0, gpu_memory_utilization=1.5)
+    with pytest.raises(ConfigError, match="rollout.scheduler': the hf engine has one scheduler"):
+        load_config(None, ["actor_rollout_ref.rollout.scheduler=batch"])
 
 
 async def test_bad_prompts_are_clear_errors(small_model):
@@ -240,26 +242,12 @@ async def test_bad_prompts_are_clear_errors(small_model):
     await engine.close()
 
 
-async def test_static_cache_path_matches_dynamic(small_model):
-    """The GPU fast path's cache layout (static cache, padded batch bucket, full-length mask), run eagerly on CPU."""
-    dynamic = HFEngine(small_model, stop_on_eos=False, scheduler="batch")
-    static = HFEngine(small_model, stop_on_eos=False, static=True, compile=False, scheduler="batch")
-    sp = SamplingParams(temperature=0.0, max_new_tokens=10)
-    a = await asyncio.gather(*(dynamic.generate(p, sp) for p in PROMPTS[:3]))
-    b = await asyncio.gather(*(static.generate(p, sp) for p in PROMPTS[:3]))  # 3 rows padded to a bucket of 4
-    for x, y in zip(a, b):
-        assert x.token_ids == y.token_ids
-        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
-    await check_engine(static, max_new_tokens=8)
-
-
-@pytest.mark.parametrize("scheduler", ["continuous", "batch"])
-async def test_sleep_discarding_weights_frees_them_and_needs_every_parameter_back(scheduler):
+async def test_sleep_discarding_weights_frees_them_and_needs_every_parameter_back():
     """The trainer's sleep: no host copy; generate refuses until update_weights has replaced every parameter
     (the tied LM head counts as loaded with the embedding), then answers as before."""
     model = random_qwen2(seed=2)
     saved = [(k, v.clone()) for k, v in model.state_dict().items() if k != "lm_head.weight"]  # tied: pushed once
-    engine = HFEngine(model, stop_on_eos=False, scheduler=scheduler)
+    engine = HFEngine(model, stop_on_eos=False)
     sp = SamplingParams(temperature=0.0, max_new_tokens=8)
     before = await engine.generate(PROMPTS[1], sp)
     await engine.sleep(discard_weights=True)
@@ -280,7 +268,7 @@ async def test_sleep_discarding_weights_frees_them_and_needs_every_parameter_bac
 @pytest.mark.slow
 async def test_torch_compiled_decode_samples_what_the_eager_one_does(small_model):
     """rollout.enable_torch_compile: the compiled decode step (CPU: inductor's C++ kernels) gives the eager
-    engine's tokens (same seed) and log-probs within float tolerance; the batch scheduler refuses the option."""
+    engine's tokens (same seed) and log-probs within float tolerance."""
     prompts = PROMPTS * 3  # 12 rows: two decode row buckets as rows finish
     sp = [SamplingParams(temperature=1.0, max_new_tokens=8 + i, seed=i) for i in range(len(prompts))]
     outs = {}
@@ -293,5 +281,3 @@ async def test_torch_compiled_decode_samples_what_the_eager_one_does(small_model
     for eager, comp in zip(outs[False], outs[True]):
         assert comp.token_ids == eager.token_ids
         assert torch.allclose(torch.tensor(comp.logprobs), torch.tensor(eager.logprobs), atol=1e-4)
-    with pytest.raises(ValueError, match="continuous scheduler"):
-        HFEngine(small_model, scheduler="batch", torch_compile=True)

@@ -310,19 +310,6 @@ async def test_a_weight_update_at_a_token_boundary_continues_under_the_new_weigh
         await x.close()
 
 
-async def test_an_engine_that_cannot_interrupt_is_paused_at_the_end_of_its_calls(small_model):
-    from verl_agent.rollout.stream import PausableEngine
-
-    e = HFEngine(small_model, stop_on_eos=False, scheduler="batch")
-    pe = PausableEngine(e)
-    call = asyncio.ensure_future(pe.generate(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=30)))
-    await wait_for(lambda: pe._inflight == 1)
-    assert not await pe.pause(interrupt=True)  # "batch" cannot stop mid-batch: pause waited for the call
-    assert call.done() and len(call.result().token_ids) == 30 and call.result().versions == [0] * 30
-    pe.resume()
-    await e.close()
-
-
 async def test_counter_changes_give_one_rounds_work_and_keep_gauges(small_model):
     """What the trainer logs per step: counters differenced between two metrics() calls, gauges as they are."""
     from verl_agent.engine.contract import ENGINE_GAUGES, counter_changes

@@ -14,9 +14,9 @@ def tiny_tok(tiny_model_path):
 
 @pytest.fixture
 async def tiny_engine(tiny_model_path):
-    """The tiny model on the HF engine (per test: its batching task lives on the test's event loop)."""
+    """The tiny model on the HF engine, one per test."""
     from verl_agent.engine.hf_engine import HFEngine
 
-    engine = HFEngine(str(tiny_model_path), device="cpu", max_batch_size=16)
+    engine = HFEngine(str(tiny_model_path), device="cpu", max_num_seqs=16)
     yield engine
     await engine.close()

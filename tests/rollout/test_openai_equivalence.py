@@ -20,9 +20,9 @@ def _samples(n: int):
 
 
 async def _rollout(config: str, samples, seed: int):
-    # one request per forward pass: padding next to other requests moves log-probs by ~1e-6, and the two
-    # runs interleave their requests differently (their tokens agree either way)
-    cfg = load_config(config, ["actor_rollout_ref.rollout.scheduler=batch", "actor_rollout_ref.rollout.max_batch_size=1"])
+    # one KV slot, so one request per forward pass: rows next to other requests change log-probs by float rounding, and
+    # the two runs interleave their requests differently (their tokens agree either way)
+    cfg = load_config(config, ["actor_rollout_ref.rollout.max_num_seqs=1"])
     parts = build_rollout(cfg, device="cpu", seed=0)
     sp = sampling_params(cfg.actor_rollout_ref.rollout, cfg.data, seed=seed)
     try:

@@ -116,7 +116,7 @@ async def test_tiny_model_streams_what_it_records(tok, tiny_model_path):
     """The real engine: `on_token` comes from the continuous batcher's steps; what is streamed is what is recorded."""
     from verl_agent.engine.hf_engine import HFEngine
 
-    engine = HFEngine(str(tiny_model_path), max_batch_size=4)
+    engine = HFEngine(str(tiny_model_path), max_num_seqs=4)
     server, rec, client = await _serve(engine, tok)
     seen: list[int] = []
     out = await engine.generate([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=12), on_token=lambda t, _: seen.append(t))

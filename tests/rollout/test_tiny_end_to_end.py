@@ -36,7 +36,7 @@ def _samples(n: int):
 
 async def test_tiny_model_multi_turn_rollout(tiny):
     model, tok = tiny
-    engine = HFEngine(model, max_batch_size=16)
+    engine = HFEngine(model, max_num_seqs=16)
     loop = AgentLoop(engine, tok, RolloutConfig(), tools={"calculator": CalculatorTool()},
                      reward_fn=load_reward_fn(REWARD), max_prompt_length=256, max_response_length=160)  # fmt: skip
     batch = await loop.run(_samples(6), n=2, sampling=SamplingParams(temperature=1.0, max_new_tokens=64, seed=0))

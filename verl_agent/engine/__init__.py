@@ -10,12 +10,14 @@ import importlib
 from typing import Any
 
 from verl_agent.engine.contract import Engine, EngineContractError, GenerateOutput, SamplingParams, check_engine
+from verl_agent.engine.settings import HFEngineSettings
 
 __all__ = [
     "Engine",
     "EngineContractError",
     "GenerateOutput",
     "HFEngine",
+    "HFEngineSettings",
     "SGLangEngine",
     "SamplingParams",
     "ScriptedEngine",

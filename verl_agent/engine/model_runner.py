@@ -35,10 +35,9 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
-        # ~30 a layer, a few microseconds each even inside a CUDA graph). Decode steps only: their shapes
+        # dozens a layer, each a kernel of its own even inside a CUDA graph). Decode steps only: their shapes
         # come from a few buckets; prefill chunks change shape at nearly every call.
-        # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes
-        # (the setting measured on the H100; dynamic=True from the start is untested there).
+        # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes.
         self.decode_model = torch.compile(model, dynamic=None) if compile_decode else model
         self.min_kv = 256 if self.cuda_graphs else 64
         self.min_rows = 8 if self.cuda_graphs else 1

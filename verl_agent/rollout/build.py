@@ -21,6 +21,7 @@ from verl_agent.config import (
     CustomRewardFunctionConfig, DataConfig, ModelConfig, RolloutConfig, RunConfig, TrainerConfig,
 )
 from verl_agent.engine.contract import Engine, SamplingParams
+from verl_agent.engine.settings import HFEngineSettings
 from verl_agent.protocol import Sample, Trajectory
 from verl_agent.rollout.agent_loop import AgentLoop
 from verl_agent.rollout.stream import PausableEngine
@@ -102,12 +103,7 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
     if rollout.name == "hf":
         from verl_agent.engine.hf_engine import HFEngine
 
-        return HFEngine(
-            model, device=device, dtype=rollout.dtype, max_batch_size=rollout.max_batch_size, seed=seed,
-            scheduler=rollout.scheduler, max_num_seqs=rollout.max_num_seqs, max_model_len=rollout.max_model_len,
-            max_num_batched_tokens=rollout.max_num_batched_tokens,
-            gpu_memory_utilization=rollout.gpu_memory_utilization, torch_compile=rollout.enable_torch_compile,
-        )  # fmt: skip
+        return HFEngine(model, hf_engine_settings(rollout, device, seed))
     from verl_agent.engine.sglang_engine import SGLangEngine
 
     sg = rollout.sglang
@@ -116,6 +112,15 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
                          "one SGLang server per worker (leave url unset)")
     return SGLangEngine(None if own_server else sg.url, model_path=str(model), python=sg.python,
                         port=None if own_server else sg.port, extra_args=sglang_server_args(rollout), env=sg.env)
+
+
+def hf_engine_settings(rollout: RolloutConfig, device: str, seed: int = 0) -> HFEngineSettings:
+    """The `hf` engine's settings from the rollout config (max_num_seqs unset: max_batch_size slots)."""
+    return HFEngineSettings(
+        device=device, dtype=rollout.dtype, seed=seed, max_num_seqs=rollout.max_num_seqs or rollout.max_batch_size,
+        max_num_batched_tokens=rollout.max_num_batched_tokens, max_model_len=rollout.max_model_len,
+        gpu_memory_utilization=rollout.gpu_memory_utilization, torch_compile=rollout.enable_torch_compile,
+    )  # fmt: skip
 
 
 def sglang_server_args(rollout: RolloutConfig) -> list[str]:

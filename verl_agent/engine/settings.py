@@ -1,0 +1,64 @@
+"""`HFEngineSettings`: how an `HFEngine` is built, and the one place its defaults live.
+
+Torch-free on purpose: `verl_agent.config.RolloutConfig` takes the defaults of its hf engine keys
+from here, and loading a config must not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["HFEngineSettings"]
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class HFEngineSettings:
+    """Settings of an `HFEngine` (continuous batching over a slot KV cache).
+
+    device: where the model runs ("cpu", "cuda", "cuda:1", ...).
+    dtype: cast the parameters to this dtype (a name in DTYPES or a torch.dtype); None keeps the model's.
+    seed: seed of the engine's generator (unseeded sampled requests draw from it).
+    stop_on_eos: also stop each request on the model's eos ids (besides its own stop ids).
+    max_num_seqs: KV slots: sequences holding a slot at once (running, or an idle session's history).
+    max_num_batched_tokens: prompt tokens (rows x padded width) per prefill chunk.
+    max_model_len: tokens one slot holds (None: the model's limit, at most 4096).
+    gpu_memory_utilization: share of the device's memory (host RAM on CPU) that weights + KV cache may use;
+        fewer slots (or shorter ones) when max_num_seqs x max_model_len do not fit.
+    kv_cache_bytes: the KV budget in bytes, instead of gpu_memory_utilization.
+    cuda_graphs: on CUDA, replay each decode step as a captured CUDA graph (CPU decodes eagerly either way).
+    torch_compile: torch.compile the decode step's forward (then captured as CUDA graphs on CUDA): fewer,
+        fused kernels a layer, for a compile per decode shape on first use.
+    """
+
+    device: str = "cpu"
+    dtype: str | torch.dtype | None = None
+    seed: int = 0
+    stop_on_eos: bool = True
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.5
+    kv_cache_bytes: int | None = None
+    cuda_graphs: bool = True
+    torch_compile: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_num_seqs < 1:
+            problems.append(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            problems.append(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            problems.append(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if isinstance(self.dtype, str) and self.dtype not in DTYPES:
+            problems.append(f"dtype must be one of {DTYPES} (or a torch.dtype), got {self.dtype!r}")
+        if problems:
+            raise ValueError("HFEngineSettings: " + "; ".join(problems))
