@@ -75,20 +75,22 @@ OBSERVER = ("import os, time\nend, peak = time.monotonic() + 2.5, 0\nwhile time.
             "    n = sum(p.isdigit() for p in os.listdir('/proc'))\n    if n > peak:\n"
             "        peak = n\n        print('peak', n, flush=True)\n    time.sleep(0.005)\n")
 FORK_BOMBS = [
-    ("bash", "printf '%s' \"$OBSERVER\" > /tmp/observer.py\npython3 /tmp/observer.py &\nsleep 0.3\n"
+    ("bash", "cat > /tmp/observer.py <<'EOF'\nOBSERVER\nEOF\npython3 /tmp/observer.py &\nsleep 0.3\n"
              ":(){ :|:& };:; sleep 30"),
+    # children that sleep (not fork on): 150 sleeping Pythons fit in the sandbox's memory without a pids limit
     ("python", "import os, subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', OBSERVER])\ntime.sleep(0.3)\n"
-               "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
+               "n = 0\nwhile True:\n    try:\n        if n < 150 and os.fork() == 0:\n            time.sleep(30)\n"
+               "        n += 1\n    except OSError:\n        pass"),
 ]
 
 
 @pytest.mark.parametrize("language,code", FORK_BOMBS, ids=["bash", "python"])
 def test_fork_bomb(server, run, language, code):
     """The bomb never has more processes than the pids limit (counted inside while it runs), and times out."""
-    code = code.replace("\"$OBSERVER\"", repr(OBSERVER)) if language == "bash" else \
-        f"OBSERVER = {OBSERVER!r}\n" + code
+    code = code.replace("OBSERVER\n", OBSERVER, 1) if language == "bash" else f"OBSERVER = {OBSERVER!r}\n" + code
     out = run(server, code, language=language, run_timeout=3)
-    peaks = [int(line.split()[1]) for line in out["run_result"]["stdout"].splitlines() if line.startswith("peak ")]
+    stdout = (out["run_result"] or {}).get("stdout", "")
+    peaks = [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("peak ")]
     assert peaks, out  # the observer ran
     contained(max(peaks) <= server.service.pool.backend.pids, (max(peaks), out))
     assert out["status"] == "Failed" and out["run_result"]["status"] == "TimeLimitExceeded"
@@ -118,7 +120,7 @@ def test_memory_bomb_many_processes_under_the_limit(server, run):
 def test_cpu_spin_times_out(server, run, code):
     t0 = time.monotonic()
     out = run(server, code, run_timeout=1.5)
-    contained(out["run_result"]["status"] == "TimeLimitExceeded" and time.monotonic() - t0 < 8, out)
+    contained((out["run_result"] or {}).get("status") == "TimeLimitExceeded" and time.monotonic() - t0 < 8, out)
     assert out["status"] == "Failed"
     healthy_and_clean(server, run)
 
@@ -141,7 +143,7 @@ def test_cpu_quota_holds_spinning_processes(server, run):
 
 def test_sleep_past_timeout(server, run):
     out = run(server, "sleep 60", language="bash", run_timeout=1)
-    contained(out["run_result"]["status"] == "TimeLimitExceeded", out)
+    contained((out["run_result"] or {}).get("status") == "TimeLimitExceeded", out)
     assert out["run_result"]["execution_time"] < 5
 
 
@@ -174,7 +176,7 @@ def test_output_floods_are_capped_and_prompt(server, run):
     assert len(endless["run_result"]["stdout"]) < cap + 100
 
 
-def test_jupyter_display_and_errors_are_capped(server):
+def test_jupyter_display_and_errors_are_capped(server, run):
     """A notebook's displayed repr and an error's message and traceback obey max_output_bytes too (cut in
     the kernel, inside the sandbox), keeping the display's head and the traceback's last lines."""
     cap = server.service.settings.max_output_bytes
@@ -504,8 +506,9 @@ print('\\n'.join(sorted(tokens)))
 def test_cannot_snoop_a_concurrent_run(server, run):
     secret, canary = uuid.uuid4().hex, uuid.uuid4().hex
     with ThreadPoolExecutor(1) as pool:
-        victim, marker = start_victim(server, run, pool, secret)
+        victim, marker = start_victim(server, run, pool, secret, sleep=10)
         seen = run(server, SPY, stdin=canary, run_timeout=20)
+        contained(secret not in json.dumps(seen), "the spy saw the victim's secret")
         overlapped = bool(host_procs_matching(marker))
         v = victim.result()
     assert seen["status"] == "Success", seen
@@ -513,9 +516,7 @@ def test_cannot_snoop_a_concurrent_run(server, run):
     for line in seen["run_result"]["stdout"].splitlines():
         channel, token = line.split()
         found.setdefault(channel, set()).add(token)
-    leaked = sorted(channel for channel, tokens in found.items() if secret in tokens)
-    contained(secret not in seen["run_result"]["stdout"] + seen["run_result"]["stderr"], leaked)  # sees no victim ...
-    for channel in ("cmdline", "environ", "fd", "files"):  # ... though its reading works on every channel
+    for channel in ("cmdline", "environ", "fd", "files"):  # the spy saw no victim, though its reading works on each
         assert canary in found.get(channel, set()), (channel, seen)
     assert overlapped, "the victim was not running for the whole spy run (or the spy's clean-up killed it)"
     assert v["status"] == "Success", v
@@ -559,10 +560,9 @@ TWINS = [
     (test_output_floods_are_capped_and_prompt, (), "output_cap"),
     (test_jupyter_display_and_errors_are_capped, (), "output_cap"),
     (test_disk_fill, (), "disk_limit"),
-    (test_disk_fill, (), "read_only_system"),
+    (test_disk_fill, (), "read_only_system", ("process",)),  # docker: see NO_TWIN_ON
     (test_dev_is_read_only_and_nothing_outside_scratch_is_writable, (), "only_scratch_writable"),
     (test_network_has_no_route, (), "no_network"),
-    (test_secrets_do_not_leak, (), "clean_env"),
     (test_no_privilege_escalation, (), "no_capabilities"),
     (test_no_privilege_escalation, (), "non_root_uid"),
     (test_many_parallel_runs_race, (), "private_tmp"),
@@ -582,9 +582,17 @@ NO_TWIN = {
     "test_zombies_are_reaped": "the supervisor (PID 1) reaps; a code path, not a sandbox setting",
     "test_a_process_forked_by_a_cell_never_answers_as_the_kernel": "the kernel's code path",
     "test_binary_output": "decoding of the output, not an isolation property",
+    "test_secrets_do_not_leak": "three layers: a clean sandbox environment (clean_env: its probe twin), a "
+                                "non-dumpable supervisor, and a fixed environment for every program",
     "test_path_traversal_is_refused": "two layers: the server's lexical check, then the supervisor's",
     "test_symlink_exfiltration_through_fetch_files": "the supervisor's code path",
 }
+
+
+# Cases with a twin on one backend only.
+NO_TWIN_ON = {("docker", "test_disk_fill", "read_only_system"):
+              "the image's root is owned by root: a non-root run cannot write it even when it is writable "
+              "(two layers; the probe twin shows the read-only root removed)"}
 
 
 def _twin_id(backend: str, weakening: str, attack, args: tuple) -> str:
@@ -594,8 +602,8 @@ def _twin_id(backend: str, weakening: str, attack, args: tuple) -> str:
 
 @pytest.mark.parametrize("backend,weakening,attack,args", [  # grouped by server: each starts once
     pytest.param(b, w, a, args, id=_twin_id(b, w, a, args))
-    for b, w, a, args in sorted([(b, w, a, args) for b in ("process", "docker") for a, args, w in TWINS],
-                                key=lambda t: (t[0], t[1]))])
+    for b, w, a, args in sorted([(b, w, a, args) for a, args, w, *on in TWINS
+                                 for b in (on[0] if on else ("process", "docker"))], key=lambda t: (t[0], t[1]))])
 def test_weakened_twin(weak_server, run, backend, weakening, attack, args):
     """The attack's containment check fails (Escaped) once the protection it tests is removed."""
     server = weak_server(backend, weakening)
@@ -606,5 +614,5 @@ def test_weakened_twin(weak_server, run, backend, weakening, attack, args):
 def test_every_case_has_a_twin_or_a_reason():
     cases = {name for name in globals() if name.startswith("test_") and name not in (
         "test_weakened_twin", "test_every_case_has_a_twin_or_a_reason")}
-    twinned = {a.__name__ for a, _, _ in TWINS}
+    twinned = {a.__name__ for a, *_ in TWINS}
     assert twinned.isdisjoint(NO_TWIN) and cases == twinned | set(NO_TWIN), cases ^ (twinned | set(NO_TWIN))
