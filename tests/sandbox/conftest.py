@@ -135,7 +135,8 @@ def weak_server(request):
             assert not sandbox.guarantees().get(weakening, False), "the probe must see the weakening"
             settings = ServiceSettings(**{**SETTINGS, "min_pool_size": 1})
             body = 64 << 20 if weakening == "body_limit" else 8 << 20
-            held.update(key=(backend, weakening), server=ServerThread(sandbox, settings, max_body_bytes=body).__enter__())
+            server = ServerThread(sandbox, settings, max_body_bytes=body).__enter__()
+            held.update(key=(backend, weakening), server=server)
         return held["server"]
 
     yield get

@@ -114,9 +114,11 @@ def test_memory_bomb_many_processes_under_the_limit(server, run):
     healthy_and_clean(server, run)
 
 
-@pytest.mark.parametrize("code", ["while True: pass",
-                                  "import threading\ndef spin():\n    while True: pass\n"
-                                  "for _ in range(8): threading.Thread(target=spin).start()\nspin()"])
+SPINS = ["while True: pass", "import threading\ndef spin():\n    while True: pass\n"
+                             "for _ in range(8): threading.Thread(target=spin).start()\nspin()"]
+
+
+@pytest.mark.parametrize("code", SPINS, ids=["loop", "threads"])
 def test_cpu_spin_times_out(server, run, code):
     t0 = time.monotonic()
     out = run(server, code, run_timeout=1.5)
@@ -555,7 +557,8 @@ TWINS = [
     (test_memory_bomb_one_process, (), "run_memory_limit"),
     (test_memory_bomb_many_processes_under_the_limit, (), "memory_limit"),
     (test_cpu_quota_holds_spinning_processes, (), "cpu_limit"),
-    (test_cpu_spin_times_out, ("while True: pass",), "run_timeout"),
+    (test_cpu_spin_times_out, (SPINS[0],), "run_timeout"),
+    (test_cpu_spin_times_out, (SPINS[1],), "run_timeout"),
     (test_sleep_past_timeout, (), "run_timeout"),
     (test_output_floods_are_capped_and_prompt, (), "output_cap"),
     (test_jupyter_display_and_errors_are_capped, (), "output_cap"),
@@ -575,8 +578,9 @@ TWINS = [
 # Cases with no one-protection weakening: the protection is code of the server or the supervisor that
 # the backends do not configure, or several independent layers each enough on its own.
 NO_TWIN = {
-    "test_escape_via_setsid_double_fork_nohup": "two layers: the supervisor kills every process after a run, "
-                                                "and a sandbox reporting a survivor is destroyed",
+    "test_escape_via_setsid_double_fork_nohup": "two layers: the supervisor kills every process after a run "
+                                                "(the same kill that ends a timed-out program), and a sandbox "
+                                                "reporting a survivor is destroyed",
     "test_leftover_files_are_not_visible_to_the_next_run": "two layers: the supervisor wipes scratch, and a "
                                                            "sandbox it cannot wipe is destroyed",
     "test_zombies_are_reaped": "the supervisor (PID 1) reaps; a code path, not a sandbox setting",
@@ -597,6 +601,7 @@ NO_TWIN_ON = {("docker", "test_disk_fill", "read_only_system"):
 
 def _twin_id(backend: str, weakening: str, attack, args: tuple) -> str:
     arg = f"[{args[0]}]" if args and len(args[0]) < 20 else ""
+    arg = f"[{['loop', 'threads'][SPINS.index(args[0])]}]" if args and args[0] in SPINS else arg
     return f"{backend}-{weakening}-{attack.__name__.removeprefix('test_')}{arg}"
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import tempfile
 import time
 import uuid
 from collections import deque
@@ -46,6 +48,16 @@ def agent_argv(python: str = "/usr/bin/python3", weaken: frozenset[str] = frozen
     agent, kernel = (pkg / "agent.py").read_text(), (pkg / "kernel.py").read_text()
     flags = ["-u"] if "isolated_mode" in weaken else ["-I", "-u"]
     return [python, *flags, "-c", agent, WORKDIR, kernel]
+
+
+def shared_tmp(weaken: frozenset[str]) -> str | None:
+    """Test-only (probe.WEAKENINGS): with ``private_tmp`` weakened, the one host directory every sandbox of
+    a backend gets as its /tmp and /var/tmp (world-writable, sticky); else None."""
+    if "private_tmp" not in weaken:
+        return None
+    path = tempfile.mkdtemp(prefix="verl-sbx-shared-")
+    os.chmod(path, 0o1777)
+    return path
 
 
 def weakened_job(job: dict, weaken: frozenset[str]) -> dict:

@@ -36,13 +36,12 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import uuid
 from typing import Any
 
 import httpx
 
-from verl_agent.sandbox.backends.base import READ_LIMIT, SandboxBackend, Worker, agent_argv
+from verl_agent.sandbox.backends.base import READ_LIMIT, SandboxBackend, Worker, agent_argv, shared_tmp
 from verl_agent.sandbox.backends.probe import (GUARANTEES, PROBE, SCRATCH, IsolationError, check_weaken, judge,
                                                parse_probe, unclaimed)
 from verl_agent.sandbox.languages import LANGUAGES
@@ -103,10 +102,7 @@ class DockerBackend(SandboxBackend):
         self.instance_id = instance_id or uuid.uuid4().hex
         if not self.instance_id.replace("-", "").isalnum():
             raise ValueError(f"docker backend: instance_id must be letters, digits and '-', got {instance_id!r}")
-        # weakened private_tmp: /tmp and /var/tmp are one host directory shared by every sandbox
-        self._shared_tmp = tempfile.mkdtemp(prefix="verl-sbx-shared-") if "private_tmp" in self.weaken else None
-        if self._shared_tmp:
-            os.chmod(self._shared_tmp, 0o1777)
+        self._shared_tmp = shared_tmp(self.weaken)  # weakened private_tmp only
         self._api: httpx.AsyncClient | None = None
         self._api_loop: asyncio.AbstractEventLoop | None = None
         self.remove_stale()  # only ours: a predecessor with the same instance id
@@ -133,7 +129,7 @@ class DockerBackend(SandboxBackend):
             raise IsolationError(f"docker backend: the isolation probe did not run ({why}); refusing to serve") from e
         finally:
             subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-        judge("docker", found, set(GUARANTEES) - unclaimed(self.weaken))  # docker claims every guarantee not weakened
+        judge("docker", found, set(GUARANTEES) - unclaimed(self.weaken))  # docker claims every one not weakened
         logger.info("docker backend %s: every guarantee probed and holds: %s", self.instance_id, sorted(found))
         return found
 
@@ -174,7 +170,8 @@ class DockerBackend(SandboxBackend):
             "pids_limit": lambda: host.update(PidsLimit=host["PidsLimit"] * 16),
             "cpu_limit": lambda: host.update(NanoCpus=0),
             "disk_limit": lambda: host.update(ShmSize=host["ShmSize"] * 8, Tmpfs={
-                d: o.replace(f"size={self.tmpfs_mb}m", f"size={self.tmpfs_mb * 8}m") for d, o in host["Tmpfs"].items()}),
+                d: o.replace(f"size={self.tmpfs_mb}m", f"size={self.tmpfs_mb * 8}m")
+                for d, o in host["Tmpfs"].items()}),
             "private_tmp": lambda: (host.update(Tmpfs={}), host.update(Binds=[f"{self._shared_tmp}:/tmp",
                                                                               f"{self._shared_tmp}:/var/tmp"])),
             "only_scratch_writable": lambda: host["Tmpfs"].update({"/data": host["Tmpfs"]["/tmp"]}),  # never wiped
@@ -190,7 +187,8 @@ class DockerBackend(SandboxBackend):
         name = self.new_name("verl-sbx")
         api = self._client()
         try:
-            _created(await api.post("/containers/create", params={"name": name}, json=self._config(agent_argv(weaken=self.weaken))),
+            _created(await api.post("/containers/create", params={"name": name},
+                                    json=self._config(agent_argv(weaken=self.weaken))),
                      name)
         except httpx.HTTPError as e:
             raise OSError(f"docker backend: creating {name} failed: {e}") from e

@@ -27,13 +27,12 @@ import resource
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 
-from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv
+from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv, shared_tmp
 from verl_agent.sandbox.backends.probe import (GUARANTEES, PROBE, SCRATCH, IsolationError, check_weaken, judge,
                                                parse_probe, unclaimed)
 from verl_agent.sandbox.languages import available_languages
@@ -57,10 +56,7 @@ class ProcessBackend(SandboxBackend):
             raise RuntimeError("process backend needs bubblewrap: apt-get install -y bubblewrap")
         self.weaken = check_weaken("process", weaken)  # test-only (probe.WEAKENINGS); never claimed
         self.uid = uid if os.geteuid() == 0 and "non_root_uid" not in self.weaken else None
-        # weakened private_tmp: /tmp and /var/tmp are one host directory shared by every sandbox
-        self._shared_tmp = tempfile.mkdtemp(prefix="verl-sbx-shared-") if "private_tmp" in self.weaken else None
-        if self._shared_tmp:
-            os.chmod(self._shared_tmp, 0o1777)
+        self._shared_tmp = shared_tmp(self.weaken)  # weakened private_tmp only
         self.memory_mb, self.pids, self.cpus, self.tmpfs_mb, self.nproc = memory_mb, pids, cpus, tmpfs_mb, nproc
         self.instance_id = instance_id or uuid.uuid4().hex
         if not self.instance_id.replace("-", "").isalnum():
