@@ -110,7 +110,7 @@ def docker_backend_cls():
 def weak_server(request):
     """``weak_server(backend, weakening)``: a server like ``server``'s on a sandbox without that one protection
     (the backends' test-only ``weaken``; ``body_limit``: the HTTP server's body limit at 64 MiB). One at a
-    time: each is started when first asked for and stopped when another is (callers ask in groups).
+    time: each is started when first asked for and stopped when another (or ``fresh``) is (callers ask in groups).
     Each weakening runs under a uid of its own: without a PID namespace kill(-1) reaches every process
     of that uid."""
     from verl_agent.sandbox.backends.probe import WEAKENINGS
@@ -122,8 +122,8 @@ def weak_server(request):
             held.pop("server").__exit__(None, None, None)
             held.pop("key")
 
-    def get(backend: str, weakening: str) -> ServerThread:
-        if held.get("key") != (backend, weakening):
+    def get(backend: str, weakening: str, fresh: bool = False) -> ServerThread:
+        if fresh or held.get("key") != (backend, weakening):
             stop()
             if backend == "docker":
                 cls = request.getfixturevalue("docker_backend_cls")
