@@ -32,6 +32,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -103,6 +104,7 @@ def cluster():
     yield c.address
     ray.shutdown()
     c.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
     if previous is not None and _reachable(previous[0]):
         ray.init(address=previous[0], runtime_env=dict(previous[1]) or None)
 

@@ -106,7 +106,12 @@ class DockerBackend(SandboxBackend):
         self._api: httpx.AsyncClient | None = None
         self._api_loop: asyncio.AbstractEventLoop | None = None
         self.remove_stale()  # only ours: a predecessor with the same instance id
-        self._guarantees = self.probe()
+        try:
+            self._guarantees = self.probe()
+        except IsolationError:
+            if self._shared_tmp:
+                shutil.rmtree(self._shared_tmp, ignore_errors=True)
+            raise
 
     def guarantees(self) -> dict[str, bool]:
         return {k: ok for k, (ok, _) in self._guarantees.items()}

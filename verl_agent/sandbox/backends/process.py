@@ -64,7 +64,12 @@ class ProcessBackend(SandboxBackend):
         self._cgroups = self._cgroup_ok()
         if self._cgroups:
             self.remove_stale()  # only ours: a predecessor with the same instance id
-        self._guarantees = self.probe()
+        try:
+            self._guarantees = self.probe()
+        except IsolationError:
+            if self._shared_tmp:
+                shutil.rmtree(self._shared_tmp, ignore_errors=True)
+            raise
 
     def _cgroup_ok(self) -> bool:
         return os.geteuid() == 0 and all(os.access(CGROUP_ROOT / c, os.W_OK) for c in ("memory", "pids", "cpu"))
