@@ -573,6 +573,7 @@ TWINS = [
     (test_signal_every_visible_process, (), "own_pid_namespace"),
     (test_cannot_snoop_a_concurrent_run, (), "own_pid_namespace", ("docker",)),  # process: see NO_TWIN_ON
     (test_supervisor_ignores_modules_planted_in_its_directory, (), "isolated_mode"),
+    (test_leftover_files_are_not_visible_to_the_next_run, (), "scratch_wipe"),
     (test_huge_request_body_and_huge_stdin, (), "body_limit"),
 ]
 
@@ -582,8 +583,6 @@ NO_TWIN = {
     "test_escape_via_setsid_double_fork_nohup": "two layers: the supervisor kills every process after a run "
                                                 "(the same kill that ends a timed-out program), and a sandbox "
                                                 "reporting a survivor is destroyed",
-    "test_leftover_files_are_not_visible_to_the_next_run": "two layers: the supervisor wipes scratch, and a "
-                                                           "sandbox it cannot wipe is destroyed",
     "test_zombies_are_reaped": "the supervisor (PID 1) reaps; a code path, not a sandbox setting",
     "test_a_process_forked_by_a_cell_never_answers_as_the_kernel": "the kernel's code path",
     "test_binary_output": "decoding of the output, not an isolation property",

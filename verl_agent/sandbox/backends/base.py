@@ -43,10 +43,16 @@ def agent_argv(python: str = "/usr/bin/python3", weaken: frozenset[str] = frozen
     """The supervisor's command line. ``-I`` (isolated mode) keeps its working directory (a user-writable
     /tmp) and PYTHON* variables off its import path: ``-c`` alone puts the cwd first on ``sys.path``,
     so a module planted there would run inside the supervisor on its next import. ``weaken``
-    (test-only, probe.WEAKENINGS) containing ``isolated_mode`` drops ``-I``."""
+    (test-only, probe.WEAKENINGS): ``isolated_mode`` drops ``-I``; ``scratch_wipe`` makes the
+    supervisor's wipe of the scratch dirs a no-op."""
     pkg = resources.files("verl_agent.sandbox")
     agent, kernel = (pkg / "agent.py").read_text(), (pkg / "kernel.py").read_text()
     flags = ["-u"] if "isolated_mode" in weaken else ["-I", "-u"]
+    if "scratch_wipe" in weaken:  # the supervisor's wipe of the scratch dirs after a run does nothing
+        head = "def _wipe(root: str) -> bool:\n"
+        if agent.count(head) != 1:
+            raise ValueError("weaken=scratch_wipe: the supervisor has no single `def _wipe(root: str) -> bool:`")
+        agent = agent.replace(head, head + "    return True\n")
     return [python, *flags, "-c", agent, WORKDIR, kernel]
 
 
