@@ -208,9 +208,9 @@ def test_a_process_forked_by_a_cell_never_answers_as_the_kernel(server, run, mod
         body = {"cells": [fork + "kept", "kept + ' again'", "print(os.getpid() == KERNEL)"]}
         body["cells"][0] = "import os\nKERNEL = os.getpid()\n" + body["cells"][0]
         out = httpx.post(f"{server.url}/run_jupyter", json=body, timeout=60).json()
-        cells = out["cells"]
-        assert out["status"] == "Success", out
-        assert [c["display"] for c in cells[:2]] == [[{"text/plain": "'parent'"}], [{"text/plain": "'parent again'"}]]
+        cells = out.get("cells") or [{}] * 3
+        contained(out["status"] == "Success" and [c.get("display") for c in cells[:2]] == [
+            [{"text/plain": "'parent'"}], [{"text/plain": "'parent again'"}]], out)
         assert cells[2]["stdout"] == "True\n" and all(c["error"] == [] for c in cells), out
         return
     sid = httpx.post(f"{server.url}/open_session", timeout=30).json()["session_id"]
@@ -219,10 +219,10 @@ def test_a_process_forked_by_a_cell_never_answers_as_the_kernel(server, run, mod
         # the output: fork semantics), so only the forking process prints here
         first = run(server, "import os\nme = os.getpid()\n" + fork + "if os.getpid() == me:\n    print(kept)",
                     session_id=sid)
-        assert first["status"] == "Success" and first["run_result"]["stdout"] == "parent\n", first
+        contained(first["status"] == "Success" and first["run_result"]["stdout"] == "parent\n", first)
         for code, want in (("print(kept, 2)", "parent 2\n"), ("print(kept, 3)", "parent 3\n")):
             out = run(server, code, session_id=sid)
-            assert out["status"] == "Success" and out["run_result"]["stdout"] == want, out
+            contained(out["status"] == "Success" and (out["run_result"] or {}).get("stdout") == want, out)
     finally:
         httpx.post(f"{server.url}/close_session", json={"session_id": sid}, timeout=30)
 
@@ -574,6 +574,8 @@ TWINS = [
     (test_cannot_snoop_a_concurrent_run, (), "own_pid_namespace", ("docker",)),  # process: see NO_TWIN_ON
     (test_supervisor_ignores_modules_planted_in_its_directory, (), "isolated_mode"),
     (test_leftover_files_are_not_visible_to_the_next_run, (), "scratch_wipe"),
+    (test_a_process_forked_by_a_cell_never_answers_as_the_kernel, ("session",), "fork_guard"),
+    (test_a_process_forked_by_a_cell_never_answers_as_the_kernel, ("jupyter",), "fork_guard"),
     (test_huge_request_body_and_huge_stdin, (), "body_limit"),
 ]
 
@@ -584,7 +586,6 @@ NO_TWIN = {
                                                 "(the same kill that ends a timed-out program), and a sandbox "
                                                 "reporting a survivor is destroyed",
     "test_zombies_are_reaped": "the supervisor (PID 1) reaps; a code path, not a sandbox setting",
-    "test_a_process_forked_by_a_cell_never_answers_as_the_kernel": "the kernel's code path",
     "test_binary_output": "decoding of the output, not an isolation property",
     "test_secrets_do_not_leak": "three layers: a clean sandbox environment (clean_env: its probe twin), a "
                                 "non-dumpable supervisor, and a fixed environment for every program",

@@ -44,7 +44,8 @@ def agent_argv(python: str = "/usr/bin/python3", weaken: frozenset[str] = frozen
     /tmp) and PYTHON* variables off its import path: ``-c`` alone puts the cwd first on ``sys.path``,
     so a module planted there would run inside the supervisor on its next import. ``weaken``
     (test-only, probe.WEAKENINGS): ``isolated_mode`` drops ``-I``; ``scratch_wipe`` makes the
-    supervisor's wipe of the scratch dirs a no-op."""
+    supervisor's wipe of the scratch dirs a no-op; ``fork_guard`` lets a process a cell forks go on
+    as the kernel."""
     pkg = resources.files("verl_agent.sandbox")
     agent, kernel = (pkg / "agent.py").read_text(), (pkg / "kernel.py").read_text()
     flags = ["-u"] if "isolated_mode" in weaken else ["-I", "-u"]
@@ -53,6 +54,11 @@ def agent_argv(python: str = "/usr/bin/python3", weaken: frozenset[str] = frozen
         if agent.count(head) != 1:
             raise ValueError("weaken=scratch_wipe: the supervisor has no single `def _wipe(root: str) -> bool:`")
         agent = agent.replace(head, head + "    return True\n")
+    if "fork_guard" in weaken:  # a process a notebook cell forks goes on as the kernel
+        guard = "if os.getpid() != KERNEL_PID:"
+        if guard not in kernel:
+            raise ValueError(f"weaken=fork_guard: the kernel has no `{guard}`")
+        kernel = kernel.replace(guard, "if False:")
     return [python, *flags, "-c", agent, WORKDIR, kernel]
 
 

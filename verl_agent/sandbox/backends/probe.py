@@ -21,12 +21,12 @@ SCRATCH = ("/tmp", "/dev/shm", "/var/tmp", "/dev/mqueue")
 # Test-only: what a backend's ``weaken`` may drop, so the security suite can show each attack
 # succeeding without the protection it tests. Every guarantee above, plus protections of the run that
 # the probe does not measure: the open-file limit, (applied to every job a worker sends) the run's time
-# limit, its memory limit and the output cap, and the supervisor's isolated mode (``python -I``) and
-# its wipe of the scratch dirs after every run.
+# limit, its memory limit and the output cap, the supervisor's isolated mode (``python -I``) and its
+# wipe of the scratch dirs after every run, and the kernel's end of a process a cell forks.
 # A weakened backend does not claim what it dropped; limits are raised to a bounded multiple, never
 # removed, so a weakened sandbox cannot take the host down.
 WEAKENINGS = GUARANTEES + ("fd_limit", "run_timeout", "run_memory_limit", "output_cap", "isolated_mode",
-                           "scratch_wipe")
+                           "scratch_wipe", "fork_guard")
 # Removing one of these removes the other with it: a writable root is writable outside scratch; so is
 # what root owns in the sandbox (Docker's /dev) to a root uid; a /tmp shared on the host's disk has no size limit.
 IMPLIED = {"read_only_system": ("only_scratch_writable",), "non_root_uid": ("only_scratch_writable",),
