@@ -585,12 +585,14 @@ NO_TWIN = {
     "test_escape_via_setsid_double_fork_nohup": "two layers: the supervisor kills every process after a run "
                                                 "(the same kill that ends a timed-out program), and a sandbox "
                                                 "reporting a survivor is destroyed",
-    "test_zombies_are_reaped": "the supervisor (PID 1) reaps; a code path, not a sandbox setting",
+    "test_zombies_are_reaped": "two layers: the supervisor (PID 1) reaps, and a sandbox where a process is "
+                               "left is destroyed",
     "test_binary_output": "decoding of the output, not an isolation property",
     "test_secrets_do_not_leak": "three layers: a clean sandbox environment (clean_env: its probe twin), a "
                                 "non-dumpable supervisor, and a fixed environment for every program",
     "test_path_traversal_is_refused": "two layers: the server's lexical check, then the supervisor's",
-    "test_symlink_exfiltration_through_fetch_files": "the supervisor's code path",
+    "test_symlink_exfiltration_through_fetch_files": "two layers: the supervisor's realpath check, then "
+                                                     "O_NOFOLLOW on the open",
 }
 
 
