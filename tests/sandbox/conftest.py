@@ -106,6 +106,43 @@ def docker_backend_cls():
     return DockerBackend
 
 
+@pytest.fixture(scope="module")
+def weak_server(request):
+    """``weak_server(backend, weakening)``: a server like ``server``'s on a sandbox without that one protection
+    (the backends' test-only ``weaken``; ``body_limit``: the HTTP server's body limit at 64 MiB). One at a
+    time: each is started when first asked for and stopped when another (or ``fresh``) is (callers ask in groups).
+    Each weakening runs under a uid of its own: without a PID namespace kill(-1) reaches every process
+    of that uid."""
+    from verl_agent.sandbox.backends.probe import WEAKENINGS
+
+    held: dict = {}
+
+    def stop() -> None:
+        if "server" in held:
+            held.pop("server").__exit__(None, None, None)
+            held.pop("key")
+
+    def get(backend: str, weakening: str, fresh: bool = False) -> ServerThread:
+        if fresh or held.get("key") != (backend, weakening):
+            stop()
+            if backend == "docker":
+                cls = request.getfixturevalue("docker_backend_cls")
+            else:
+                from verl_agent.sandbox.backends.process import ProcessBackend as cls
+            weaken = frozenset() if weakening == "body_limit" else frozenset({weakening})
+            uid = 31001 + (list(WEAKENINGS) + ["body_limit"]).index(weakening)
+            sandbox = cls(memory_mb=512, pids=64, tmpfs_mb=32, uid=uid, weaken=weaken)
+            assert not sandbox.guarantees().get(weakening, False), "the probe must see the weakening"
+            settings = ServiceSettings(**{**SETTINGS, "min_pool_size": 1})
+            body = 64 << 20 if weakening == "body_limit" else 8 << 20
+            server = ServerThread(sandbox, settings, max_body_bytes=body).__enter__()
+            held.update(key=(backend, weakening), server=server)
+        return held["server"]
+
+    yield get
+    stop()
+
+
 @pytest.fixture(params=["process", "docker"], scope="session")
 def server(request) -> ServerThread:
     """Each test using this runs against both backends."""

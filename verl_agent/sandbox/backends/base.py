@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import tempfile
 import time
 import uuid
 from collections import deque
@@ -37,13 +39,54 @@ class WorkerError(RuntimeError):
     """The sandbox broke (crashed, hung, spoke garbage); the request gets a SandboxError."""
 
 
-def agent_argv(python: str = "/usr/bin/python3") -> list[str]:
+def agent_argv(python: str = "/usr/bin/python3", weaken: frozenset[str] = frozenset()) -> list[str]:
     """The supervisor's command line. ``-I`` (isolated mode) keeps its working directory (a user-writable
     /tmp) and PYTHON* variables off its import path: ``-c`` alone puts the cwd first on ``sys.path``,
-    so a module planted there would run inside the supervisor on its next import."""
+    so a module planted there would run inside the supervisor on its next import. ``weaken``
+    (test-only, probe.WEAKENINGS): ``isolated_mode`` drops ``-I``; ``scratch_wipe`` makes the
+    supervisor's wipe of the scratch dirs a no-op; ``fork_guard`` lets a process a cell forks go on
+    as the kernel."""
     pkg = resources.files("verl_agent.sandbox")
     agent, kernel = (pkg / "agent.py").read_text(), (pkg / "kernel.py").read_text()
-    return [python, "-I", "-u", "-c", agent, WORKDIR, kernel]
+    flags = ["-u"] if "isolated_mode" in weaken else ["-I", "-u"]
+    if "scratch_wipe" in weaken:  # the supervisor's wipe of the scratch dirs after a run does nothing
+        head = "def _wipe(root: str) -> bool:\n"
+        if agent.count(head) != 1:
+            raise ValueError("weaken=scratch_wipe: the supervisor has no single `def _wipe(root: str) -> bool:`")
+        agent = agent.replace(head, head + "    return True\n")
+    if "fork_guard" in weaken:  # a process a notebook cell forks goes on as the kernel
+        guard = "if os.getpid() != KERNEL_PID:"
+        if guard not in kernel:
+            raise ValueError(f"weaken=fork_guard: the kernel has no `{guard}`")
+        kernel = kernel.replace(guard, "if False:")
+    return [python, *flags, "-c", agent, WORKDIR, kernel]
+
+
+def shared_tmp(weaken: frozenset[str]) -> str | None:
+    """Test-only (probe.WEAKENINGS): with ``private_tmp`` weakened, the one host directory every sandbox of
+    a backend gets as its /tmp and /var/tmp (world-writable, sticky); else None."""
+    if "private_tmp" not in weaken:
+        return None
+    path = tempfile.mkdtemp(prefix="verl-sbx-shared-")
+    os.chmod(path, 0o1777)
+    return path
+
+
+def weakened_job(job: dict, weaken: frozenset[str]) -> dict:
+    """Test-only (probe.WEAKENINGS): ``job`` with the run limits named in ``weaken`` lifted (bounded: time
+    limits x1000, the output cap to 16 MiB), as a sandbox ignoring them would run it."""
+    job = json.loads(json.dumps(job))
+    parts = [job, *job.get("steps", [])]
+    for part in parts:
+        if "run_timeout" in weaken:
+            for key in ("timeout", "cell_timeout", "total_timeout"):
+                if part.get(key):
+                    part[key] *= 1000
+        if "run_memory_limit" in weaken and "memory_mb" in part:
+            part["memory_mb"] = 0
+    if "output_cap" in weaken and "max_output" in job:
+        job["max_output"] = 16 << 20
+    return job
 
 
 class AgentProcess(Protocol):
@@ -62,9 +105,10 @@ class Worker:
     """One live sandbox; ``call`` sends a job and waits for its reply, at most ``deadline`` seconds."""
 
     def __init__(self, name: str, proc: AgentProcess, destroy: Callable[[], Awaitable[None]],
-                 on_ready: Callable[[], Awaitable[None]] | None = None):
+                 on_ready: Callable[[], Awaitable[None]] | None = None, weaken: frozenset[str] = frozenset()):
         self.name, self.proc, self._destroy, self._on_ready = name, proc, destroy, on_ready
         self.uses, self.broken = 0, False
+        self.weaken = weaken & {"run_timeout", "run_memory_limit", "output_cap"}  # test-only: see weakened_job
 
     async def ready(self, timeout: float) -> dict:
         """The agent's hello, once it has started; then the backend's ``on_ready`` step, if any."""
@@ -75,6 +119,8 @@ class Worker:
 
     async def call(self, job: dict, deadline: float) -> dict:
         self.uses += 1
+        if self.weaken:
+            job = weakened_job(job, self.weaken)
         try:
             self.proc.stdin.write((json.dumps(job) + "\n").encode())
             await self.proc.stdin.drain()

@@ -42,8 +42,9 @@ from typing import Any
 import httpx
 
 from verl_agent.sandbox.api import DEFAULT_MEMORY_MB
-from verl_agent.sandbox.backends.base import READ_LIMIT, SandboxBackend, Worker, agent_argv
-from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, SCRATCH, IsolationError, judge, parse_probe
+from verl_agent.sandbox.backends.base import READ_LIMIT, SandboxBackend, Worker, agent_argv, shared_tmp
+from verl_agent.sandbox.backends.probe import (GUARANTEES, PROBE, SCRATCH, IsolationError, check_weaken, judge,
+                                               parse_probe, unclaimed)
 from verl_agent.sandbox.languages import LANGUAGES
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,9 @@ class DockerBackend(SandboxBackend):
     name = "docker"
 
     def __init__(self, image: str = DEFAULT_IMAGE, uid: int = 10001, memory_mb: int = DEFAULT_MEMORY_MB, pids: int = 128,
-                 cpus: float = 1.0, tmpfs_mb: int = 64, instance_id: str | None = None):
+                 cpus: float = 1.0, tmpfs_mb: int = 64, instance_id: str | None = None,
+                 weaken: frozenset[str] = frozenset()):
+        self.weaken = check_weaken("docker", weaken)  # test-only (probe.WEAKENINGS); never claimed
         if not docker_available():
             raise RuntimeError("docker backend: the docker daemon does not answer (run scripts/setup_docker.sh)")
         probe = subprocess.run(["docker", "image", "inspect", image], capture_output=True)
@@ -100,10 +103,16 @@ class DockerBackend(SandboxBackend):
         self.instance_id = instance_id or uuid.uuid4().hex
         if not self.instance_id.replace("-", "").isalnum():
             raise ValueError(f"docker backend: instance_id must be letters, digits and '-', got {instance_id!r}")
+        self._shared_tmp = shared_tmp(self.weaken)  # weakened private_tmp only
         self._api: httpx.AsyncClient | None = None
         self._api_loop: asyncio.AbstractEventLoop | None = None
         self.remove_stale()  # only ours: a predecessor with the same instance id
-        self._guarantees = self.probe()
+        try:
+            self._guarantees = self.probe()
+        except IsolationError:
+            if self._shared_tmp:
+                shutil.rmtree(self._shared_tmp, ignore_errors=True)
+            raise
 
     def guarantees(self) -> dict[str, bool]:
         return {k: ok for k, (ok, _) in self._guarantees.items()}
@@ -117,7 +126,8 @@ class DockerBackend(SandboxBackend):
             with httpx.Client(transport=httpx.HTTPTransport(uds=docker_socket()), base_url="http://docker",
                               timeout=60) as api:
                 _created(api.post("/containers/create", params={"name": name},
-                                  json=self._config(["/usr/bin/python3", "-I", "-c", PROBE, json.dumps(want)])), name)
+                                  json=self._config(["/usr/bin/python3", "-I", "-c", PROBE, json.dumps(want)])),
+                         name)
             done = subprocess.run(["docker", "start", "-a", name], capture_output=True, text=True, timeout=120)
             found = parse_probe(done.stdout)
         except (OSError, httpx.HTTPError, subprocess.TimeoutExpired, ValueError, IndexError, TypeError) as e:
@@ -125,7 +135,7 @@ class DockerBackend(SandboxBackend):
             raise IsolationError(f"docker backend: the isolation probe did not run ({why}); refusing to serve") from e
         finally:
             subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-        judge("docker", found, set(GUARANTEES))  # docker claims every guarantee
+        judge("docker", found, set(GUARANTEES) - unclaimed(self.weaken))  # docker claims every one not weakened
         logger.info("docker backend %s: every guarantee probed and holds: %s", self.instance_id, sorted(found))
         return found
 
@@ -136,7 +146,7 @@ class DockerBackend(SandboxBackend):
         """The Engine API's create body: the runner's isolation, in one place (probe and workers)."""
         uid = f"{self.uid}"
         tmpfs = f"rw,exec,nosuid,nodev,size={self.tmpfs_mb}m,uid={uid},gid={uid},mode=0700"
-        return {
+        config = {
             "Image": self.image, "Cmd": cmd, "User": f"{uid}:{uid}", "WorkingDir": "/tmp", "Hostname": "sandbox",
             "Labels": {"verl-agent.sandbox": "1", SERVER_LABEL: self.instance_id},
             "AttachStdin": True, "AttachStdout": True, "AttachStderr": True, "OpenStdin": True, "StdinOnce": True,
@@ -150,12 +160,41 @@ class DockerBackend(SandboxBackend):
                 "Ulimits": [{"Name": "nofile", "Soft": 1024, "Hard": 1024}, {"Name": "core", "Soft": 0, "Hard": 0}],
             },
         }
+        return self._weakened(config) if self.weaken else config
+
+    def _weakened(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Test-only: ``config`` without the guarantees in ``weaken`` (limits raised to a bounded multiple)."""
+        weak, host = self.weaken, config["HostConfig"]
+        changes = {
+            "non_root_uid": lambda: config.update(User="0:0"),
+            "no_network": lambda: (config.update(NetworkDisabled=False), host.update(NetworkMode="bridge")),
+            "read_only_system": lambda: host.update(ReadonlyRootfs=False),
+            "no_capabilities": lambda: host.update(CapAdd=["SYS_PTRACE"]),
+            "own_pid_namespace": lambda: host.update(PidMode="host"),
+            "clean_env": lambda: config.update(Env=[f"{k}={v}" for k, v in os.environ.items()]),
+            "memory_limit": lambda: host.update(Memory=host["Memory"] * 8, MemorySwap=host["MemorySwap"] * 8),
+            "pids_limit": lambda: host.update(PidsLimit=host["PidsLimit"] * 16),
+            "cpu_limit": lambda: host.update(NanoCpus=0),
+            "disk_limit": lambda: host.update(ShmSize=host["ShmSize"] * 8, Tmpfs={
+                d: o.replace(f"size={self.tmpfs_mb}m", f"size={self.tmpfs_mb * 8}m")
+                for d, o in host["Tmpfs"].items()}),
+            "private_tmp": lambda: (host.update(Tmpfs={}), host.update(Binds=[f"{self._shared_tmp}:/tmp",
+                                                                              f"{self._shared_tmp}:/var/tmp"])),
+            "only_scratch_writable": lambda: host["Tmpfs"].update({"/data": host["Tmpfs"]["/tmp"]}),  # never wiped
+            "fd_limit": lambda: host.update(Ulimits=[{"Name": "nofile", "Soft": 8192, "Hard": 8192},
+                                                     {"Name": "core", "Soft": 0, "Hard": 0}]),
+            "isolated_mode": lambda: None,  # in agent_argv
+        }
+        for name in sorted(weak & set(changes)):
+            changes[name]()
+        return config
 
     async def spawn(self) -> Worker:
         name = self.new_name("verl-sbx")
         api = self._client()
         try:
-            _created(await api.post("/containers/create", params={"name": name}, json=self._config(agent_argv())),
+            _created(await api.post("/containers/create", params={"name": name},
+                                    json=self._config(agent_argv(weaken=self.weaken))),
                      name)
         except httpx.HTTPError as e:
             raise OSError(f"docker backend: creating {name} failed: {e}") from e
@@ -190,7 +229,7 @@ class DockerBackend(SandboxBackend):
             if done.status_code != 200:
                 raise OSError(f"docker backend: lowering the CPU weight of {name} failed: HTTP {done.status_code}")
 
-        return Worker(name, proc, destroy, on_ready=settle)
+        return Worker(name, proc, destroy, on_ready=settle, weaken=self.weaken)
 
     def _client(self) -> httpx.AsyncClient:
         """The API client of the running event loop (a client's connections belong to the loop that made them)."""
@@ -210,6 +249,8 @@ class DockerBackend(SandboxBackend):
             await self._api.aclose()
         self._api = None
         await asyncio.to_thread(self.remove_stale)
+        if self._shared_tmp:
+            shutil.rmtree(self._shared_tmp, ignore_errors=True)
 
 
 class AttachedContainer:

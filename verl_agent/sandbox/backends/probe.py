@@ -10,13 +10,27 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["GUARANTEES", "PROBE", "SCRATCH", "IsolationError", "judge", "parse_probe"]
+__all__ = ["GUARANTEES", "PROBE", "SCRATCH", "WEAKENINGS", "IsolationError", "check_weaken", "judge", "parse_probe",
+           "unclaimed"]
 
 GUARANTEES = ("non_root_uid", "no_network", "read_only_system", "no_capabilities", "own_pid_namespace", "clean_env",
               "memory_limit", "pids_limit", "cpu_limit", "disk_limit", "private_tmp", "only_scratch_writable")
 # What the agent wipes after every run (agent.SCRATCH, which cannot import this: it is stdlib-only
 # source run inside the sandbox); a test checks that the two agree.
 SCRATCH = ("/tmp", "/dev/shm", "/var/tmp", "/dev/mqueue")
+# Test-only: what a backend's ``weaken`` may drop, so the security suite can show each attack
+# succeeding without the protection it tests. Every guarantee above, plus protections of the run that
+# the probe does not measure: the open-file limit, (applied to every job a worker sends) the run's time
+# limit, its memory limit and the output cap, the supervisor's isolated mode (``python -I``) and its
+# wipe of the scratch dirs after every run, and the kernel's end of a process a cell forks.
+# A weakened backend does not claim what it dropped; limits are raised to a bounded multiple, never
+# removed, so a weakened sandbox cannot take the host down.
+WEAKENINGS = GUARANTEES + ("fd_limit", "run_timeout", "run_memory_limit", "output_cap", "isolated_mode",
+                           "scratch_wipe", "fork_guard")
+# Removing one of these removes the other with it: a writable root is writable outside scratch; so is
+# what root owns in the sandbox (Docker's /dev) to a root uid; a /tmp shared on the host's disk has no size limit.
+IMPLIED = {"read_only_system": ("only_scratch_writable",), "non_root_uid": ("only_scratch_writable",),
+           "private_tmp": ("disk_limit",)}
 
 
 class IsolationError(RuntimeError):
@@ -114,6 +128,19 @@ def parse_probe(stdout: str) -> dict[str, tuple[bool, str]]:
     if not lines:
         raise ValueError("the probe printed nothing")
     return {k: (bool(v[0]), str(v[1])) for k, v in json.loads(lines[-1]).items()}
+
+
+def check_weaken(backend: str, weaken: frozenset[str] | set[str]) -> frozenset[str]:
+    """``weaken`` as a frozenset; ``ValueError`` naming any name that is not in ``WEAKENINGS``."""
+    unknown = sorted(set(weaken) - set(WEAKENINGS))
+    if unknown:
+        raise ValueError(f"{backend} backend: weaken={unknown} unknown; choose from {list(WEAKENINGS)}")
+    return frozenset(weaken)
+
+
+def unclaimed(weaken: frozenset[str]) -> set[str]:
+    """The guarantees a backend weakened by ``weaken`` does not claim: those, and what they imply."""
+    return set(weaken).union(*(IMPLIED.get(w, ()) for w in weaken))
 
 
 def judge(backend: str, found: dict[str, tuple[bool, str]], claimed: set[str]) -> dict[str, tuple[bool, str]]:

@@ -33,8 +33,9 @@ import uuid
 from pathlib import Path
 
 from verl_agent.sandbox.api import DEFAULT_MEMORY_MB
-from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv
-from verl_agent.sandbox.backends.probe import GUARANTEES, PROBE, SCRATCH, IsolationError, judge, parse_probe
+from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv, shared_tmp
+from verl_agent.sandbox.backends.probe import (GUARANTEES, PROBE, SCRATCH, IsolationError, check_weaken, judge,
+                                               parse_probe, unclaimed)
 from verl_agent.sandbox.languages import available_languages
 
 logger = logging.getLogger(__name__)
@@ -49,11 +50,14 @@ class ProcessBackend(SandboxBackend):
     name = "process"
 
     def __init__(self, uid: int = 10001, memory_mb: int = DEFAULT_MEMORY_MB, pids: int = 128, cpus: float = 1.0,
-                 tmpfs_mb: int = 64, nproc: int = 4096, instance_id: str | None = None):
+                 tmpfs_mb: int = 64, nproc: int = 4096, instance_id: str | None = None,
+                 weaken: frozenset[str] = frozenset()):
         self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
             raise RuntimeError("process backend needs bubblewrap: apt-get install -y bubblewrap")
-        self.uid = uid if os.geteuid() == 0 else None
+        self.weaken = check_weaken("process", weaken)  # test-only (probe.WEAKENINGS); never claimed
+        self.uid = uid if os.geteuid() == 0 and "non_root_uid" not in self.weaken else None
+        self._shared_tmp = shared_tmp(self.weaken)  # weakened private_tmp only
         self.memory_mb, self.pids, self.cpus, self.tmpfs_mb, self.nproc = memory_mb, pids, cpus, tmpfs_mb, nproc
         self.instance_id = instance_id or uuid.uuid4().hex
         if not self.instance_id.replace("-", "").isalnum():
@@ -61,7 +65,12 @@ class ProcessBackend(SandboxBackend):
         self._cgroups = self._cgroup_ok()
         if self._cgroups:
             self.remove_stale()  # only ours: a predecessor with the same instance id
-        self._guarantees = self.probe()
+        try:
+            self._guarantees = self.probe()
+        except IsolationError:
+            if self._shared_tmp:
+                shutil.rmtree(self._shared_tmp, ignore_errors=True)
+            raise
 
     def _cgroup_ok(self) -> bool:
         return os.geteuid() == 0 and all(os.access(CGROUP_ROOT / c, os.W_OK) for c in ("memory", "pids", "cpu"))
@@ -69,7 +78,7 @@ class ProcessBackend(SandboxBackend):
     def claimed(self) -> set[str]:
         """What this backend promises here: everything, the cgroup limits only where it can set them."""
         limits = {"memory_limit", "pids_limit", "cpu_limit"}
-        return set(GUARANTEES) - (set() if self._cgroups else limits)
+        return set(GUARANTEES) - (set() if self._cgroups else limits) - unclaimed(self.weaken)
 
     def guarantees(self) -> dict[str, bool]:
         return {k: ok and k in self.claimed() for k, (ok, _) in self._guarantees.items()}
@@ -84,8 +93,7 @@ class ProcessBackend(SandboxBackend):
         proc = None
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, preexec_fn=self._preexec(groups), env={"PATH": "/usr/bin:/bin"},
-                                    cwd="/")
+                                    text=True, preexec_fn=self._preexec(groups), env=self._env(), cwd="/")
             timer = threading.Timer(60.0, proc.kill)
             timer.start()
             try:
@@ -147,24 +155,42 @@ class ProcessBackend(SandboxBackend):
     def languages(self) -> list[str]:
         return available_languages(lambda p: os.path.exists(p))
 
+    def _env(self) -> dict[str, str]:
+        return dict(os.environ) if "clean_env" in self.weaken else {"PATH": "/usr/bin:/bin"}
+
     def _argv(self, command: list[str] | None = None) -> list[str]:
-        size = str(self.tmpfs_mb << 20)
-        argv = [self.bwrap, "--unshare-all", "--die-with-parent", "--as-pid-1", "--new-session",
+        weak = self.weaken
+        size = str((self.tmpfs_mb * (8 if "disk_limit" in weak else 1)) << 20)
+        if "own_pid_namespace" in weak:
+            unshare = ["--unshare-user-try", "--unshare-ipc", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        else:
+            unshare = ["--unshare-all", "--as-pid-1"]
+        if self._shared_tmp:
+            scratch = ["--bind", self._shared_tmp, "/tmp", "--bind", self._shared_tmp, "/var/tmp"]
+        else:
+            scratch = ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/var/tmp"]
+        argv = [self.bwrap, *unshare, "--die-with-parent", "--new-session",
                 "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
                 "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
-                "--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp",
-                "--size", size, "--tmpfs", "/var/tmp", "--size", size, "--tmpfs", "/dev/shm",
-                "--hostname", "sandbox", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
-                "--chdir", "/tmp"]
+                *(["--bind", "/proc", "/proc"] if "own_pid_namespace" in weak else ["--proc", "/proc"]),
+                "--dev", "/dev", *scratch, "--size", size, "--tmpfs", "/dev/shm",
+                "--hostname", "sandbox", *([] if "clean_env" in weak else ["--clearenv"]),
+                "--setenv", "PATH", "/usr/bin:/bin", "--chdir", "/tmp"]
         for path in _ETC:
             argv += ["--ro-bind-try", path, path]
+        argv += ["--share-net"] if "no_network" in weak else []
+        argv += ["--cap-add", "CAP_SYS_PTRACE"] if "no_capabilities" in weak else []
+        argv += ["--cap-drop", "ALL"] if self.uid is None and os.geteuid() == 0 else []  # root: no capabilities
         # bwrap's root tmpfs and /dev read-only too: /dev is a tmpfs no run wipes, so a file written there
         # would outlive the run (the device nodes, /dev/pts and /dev/shm are mounts of their own and still work)
-        return argv + ["--remount-ro", "/", "--remount-ro", "/dev", "--"] + (command or agent_argv())
+        argv += [] if "read_only_system" in weak else ["--remount-ro", "/"]
+        argv += [] if "only_scratch_writable" in weak else ["--remount-ro", "/dev"]
+        return argv + ["--"] + (command or agent_argv(weaken=weak))
 
     def _preexec(self, groups: list[Path]):
         """Runs in the child before exec: join the cgroups (before bwrap forks), limits, drop root."""
         nproc, uid = self.nproc, self.uid
+        nofile = 8192 if "fd_limit" in self.weaken else 1024
 
         def apply() -> None:
             os.setsid()
@@ -172,7 +198,7 @@ class ProcessBackend(SandboxBackend):
                 (group / "cgroup.procs").write_text(str(os.getpid()))
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
             if uid is not None:
                 os.setgroups([])
                 os.setgid(uid)
@@ -183,7 +209,7 @@ class ProcessBackend(SandboxBackend):
     async def spawn(self) -> Worker:
         name = self.new_name("verl-sbx-proc")
         groups = self._make_cgroups(name) if self._cgroups else []
-        kwargs: dict = {"preexec_fn": self._preexec(groups), "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/"}
+        kwargs: dict = {"preexec_fn": self._preexec(groups), "env": self._env(), "cwd": "/"}
         try:
             proc = await self.start_process(self._argv(), **kwargs)
         except OSError:
@@ -206,13 +232,15 @@ class ProcessBackend(SandboxBackend):
                     _kill_all(group)
                 await asyncio.sleep(0.02)
 
-        return Worker(name, proc, destroy)
+        return Worker(name, proc, destroy, weaken=self.weaken)
 
     def _make_cgroups(self, name: str) -> list[Path]:
+        weak = self.weaken  # weakened (test-only): memory x8, pids x16, no CPU quota
         limits = {
-            "memory": {"memory.limit_in_bytes": str(self.memory_mb << 20)},
-            "pids": {"pids.max": str(self.pids)},
-            "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(int(self.cpus * 100000))},
+            "memory": {"memory.limit_in_bytes": str((self.memory_mb * (8 if "memory_limit" in weak else 1)) << 20)},
+            "pids": {"pids.max": str(self.pids * (16 if "pids_limit" in weak else 1))},
+            "cpu": {"cpu.cfs_period_us": "100000",
+                    "cpu.cfs_quota_us": "-1" if "cpu_limit" in weak else str(int(self.cpus * 100000))},
         }
         made = []
         for ctrl, files in limits.items():
@@ -242,6 +270,8 @@ class ProcessBackend(SandboxBackend):
     async def close(self) -> None:
         if self._cgroups:
             await asyncio.to_thread(self.remove_stale)  # what is left of ours, and the instance's directory
+        if self._shared_tmp:
+            shutil.rmtree(self._shared_tmp, ignore_errors=True)
 
 
 def _remove_groups(groups: list[Path], timeout: float = 3.0) -> None:
