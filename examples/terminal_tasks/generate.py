@@ -21,8 +21,8 @@ environment is an empty ``/app``. Instructions, tests and the oracle vary per ta
 
 Each task directory: ``instruction.md``, ``task.toml`` (Harbor schema, no internet), ``environment/``,
 ``tests/test.sh`` (writes 1 or 0 to ``/logs/verifier/reward.txt``), ``solution/solve.sh``. The suite's
-``manifest.json`` lists every task with its family, split, variant and oracle commands (the warm-start
-chats are made from these).
+``manifest.json`` lists every task with its family, split, variant, oracle commands and the oracle as tool
+calls (``warm_start.py`` replays those in the task's container to make the warm-start chats).
 """
 
 from __future__ import annotations
@@ -71,6 +71,10 @@ class Task:
     check: str = ""  # a bash condition, true when solved
     test_py: str = ""  # or: a Python test run with python3 (exit 0 = solved)
     test_files: dict[str, str] = field(default_factory=dict)
+    calls: list[dict] = field(default_factory=list)  # the oracle as tool calls (warm-start chats); default: bash
+
+    def tool_calls(self) -> list[dict]:
+        return self.calls or [{"name": "bash", "arguments": {"command": " && ".join(self.solution)}}]
 
 
 def _lines(items: list[str]) -> str:
@@ -179,8 +183,12 @@ def fixbug_env(rng: random.Random, variant: int) -> tuple[Env, list[Task]]:
                 f"    got = {name}(*args)\n"
                 f"    assert got == want, f'{name}{{args}} = {{got!r}}, expected {{want!r}}'\n"
                 "print('ok')\n")
-        tasks.append(Task("fixbug", f"The function `{name}` in /app/{module}.py has a one-line bug. "
-                                    f"Fix it so that {call} returns {value}.", [sed], test_py=test))
+        path = f"/app/{module}.py"
+        calls = [{"name": "bash", "arguments": {"command": f"cat {path}"}},
+                 {"name": "str_replace_editor", "arguments": {"command": "str_replace", "path": path,
+                                                              "old_str": bug, "new_str": fix}}]
+        tasks.append(Task("fixbug", f"The function `{name}` in {path} has a one-line bug. "
+                                    f"Fix it so that {call} returns {value}.", [sed], test_py=test, calls=calls))
     return Env(PYTHON, {f"{module}.py": (source, 0o644)}), tasks
 
 
@@ -211,7 +219,7 @@ def _config_task(rng: random.Random) -> Task:
     if kind == "env":
         path = f"/app/{rng.choice(['.env', 'app.env', 'service.env'])}"
         lines = [f"{k.upper()}={v}" for k, v in text.items()]
-        test = (f"got = {{line.strip() for line in open({path!r}) if line.strip()}}\nwant = {set(lines)!r}\n"
+        test = (f"got = {{line.strip() for line in open({path!r}) if line.strip()}}\nwant = set({sorted(lines)!r})\n"
                 "assert got == want, f'{got!r} != {want!r}'\nprint('ok')\n")
         return Task("config", f"Create {path} with exactly two lines: {lines[0]} and {lines[1]}.",
                     [f"printf '{lines[0]}\\n{lines[1]}\\n' > {path}"], test_py=test)
@@ -443,7 +451,8 @@ def generate(out: Path = DEFAULT_OUT, seed: int = 0, train_per_family: int = 7, 
         write_task(out / e["split"] / e["name"], e["name"], e["split"], e["task"], e["env"])
         entries.append({"name": e["name"], "path": f"{e['split']}/{e['name']}", "split": e["split"],
                         "family": e["family"], "variant": e["variant"], "base": e["env"].base,
-                        "instruction": e["task"].instruction, "solution": e["task"].solution})
+                        "instruction": e["task"].instruction, "solution": e["task"].solution,
+                        "tool_calls": e["task"].tool_calls()})
     manifest = {"seed": seed, "train": sum(e["split"] == "train" for e in entries),
                 "heldout": sum(e["split"] == "heldout" for e in entries), "tasks": entries}
     _write(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")

@@ -1,4 +1,4 @@
 got = {line.strip() for line in open('/app/app.env') if line.strip()}
-want = {'TIMEOUT=30', 'HOST=0.0.0.0'}
+want = set(['HOST=0.0.0.0', 'TIMEOUT=30'])
 assert got == want, f'{got!r} != {want!r}'
 print('ok')
