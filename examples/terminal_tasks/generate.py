@@ -424,7 +424,7 @@ def plan(seed: int = 0, train_per_family: int = 7, heldout_per_family: int = 3) 
                 env_v = 0 if family in SHARED_ENV else v
                 env, tasks = make(random.Random(f"{seed}:{family}:env:{env_v}"), env_v)
                 random.Random(f"{seed}:{family}:{split}:{v}").shuffle(tasks)
-                pools.append([(v, env, t) for t in tasks])
+                pools.append([(env_v, env, t) for t in tasks])
             picked = []
             for i in range(max(map(len, pools))):  # round robin over the variants
                 for pool in pools:
