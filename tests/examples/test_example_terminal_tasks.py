@@ -132,14 +132,20 @@ def test_one_task_per_family_oracle_scores_1_and_nop_0(docker_bases, manifest, t
 @pytest.mark.docker
 @pytest.mark.slow
 def test_tiny_model_trains_one_step_on_the_suite(docker_bases, tiny_model_path, tmp_path):
+    """The example's config on CPU with the tiny model (prompt budget raised: its small vocabulary spends
+    about 1,150 tokens on the three tool schemas): two tasks x two samples, graded, one GRPO update."""
+    import docker
+
     from verl_agent.trainer.loop import train
 
+    client = docker.from_env()
+    before = {c.id for c in client.containers.list(all=True, filters={"label": "verl-agent.tasks.run"})}
     val = tmp_path / "val"
     shutil.copytree(SUITE / "heldout" / "fs-07", val / "fs-07")
     cfg = example_config(
         "terminal_tasks", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.max_response_length=64",
-        "data.max_prompt_length=4096", "actor_rollout_ref.rollout.max_model_len=4608",
+        "data.max_prompt_length=1536", "actor_rollout_ref.rollout.max_model_len=1792",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2", "actor_rollout_ref.rollout.val_kwargs.n=1",
         f"data.val_files=[{val}]", "trainer.total_training_steps=1", "trainer.num_cpu_workers=1",
         "trainer.n_gpus_per_node=0", "trainer.logger=[console]", "trainer.val_before_train=false",
@@ -148,3 +154,5 @@ def test_tiny_model_trains_one_step_on_the_suite(docker_bases, tiny_model_path, 
     step = result.history[0]
     assert result.steps == 1 and step["rollout/num_trajectories"] == 4 and step["rollout/infra_failed"] == 0.0
     assert math.isfinite(step["actor/pg_loss"]) and result.val_after["val/num_trajectories"] == 1
+    after = {c.id for c in client.containers.list(all=True, filters={"label": "verl-agent.tasks.run"})}
+    assert after <= before  # every trajectory's container was destroyed
