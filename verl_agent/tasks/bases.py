@@ -1,4 +1,4 @@
-"""Offline stand-ins for the base images that Harbor tasks start ``FROM``: ``debian:bookworm-slim``, ``python:3.12-slim``.
+"""Offline stand-ins for the base images Harbor tasks start ``FROM``: ``debian:bookworm-slim``, ``python:3.12-slim``.
 
 No registry is reachable on our machines, so these cannot be pulled. Both are derived from the sandbox's
 offline base image (``verl_agent.sandbox.image``: Debian bookworm debootstrapped from the apt mirror with
@@ -44,8 +44,9 @@ RECIPE_LABEL = "org.verl-agent.base-recipe"
 _PURGE = (
     "mkdir -p /var/lib/apt/lists/partial"
     " && apt-mark auto $(dpkg-query -W -f '${{Package}}\\n') >/dev/null"
-    " && apt-mark manual apt {keep} $(dpkg-query -W -f '${{Package}} ${{Priority}}\\n' | awk '$2==\"required\"{{print $1}}')"
-    " >/dev/null"
+    " && apt-mark manual apt {keep} >/dev/null"
+    " && apt-mark manual $(dpkg-query -W -f '${{Package}} ${{Priority}}\\n'"
+    " | awk '$2==\"required\"{{print $1}}') >/dev/null"
     " && DEBIAN_FRONTEND=noninteractive apt-get -y -q autoremove --purge >/dev/null"
 )
 _CLEAN = " && apt-get clean && rm -rf /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log"
@@ -108,8 +109,8 @@ def _build(base: Base, base_image: str, recipe: str) -> None:
     text = base.dockerfile + f'LABEL {RECIPE_LABEL}="{recipe}"\n'
     with tempfile.TemporaryDirectory(prefix="verl-task-base-") as ctx:
         (Path(ctx) / "Dockerfile").write_text(text)
-        out = subprocess.run(["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base_image}", "-t", base.tag, ctx], capture_output=True, text=True,
-                             env=sandbox_image._legacy_builder_env())
+        argv = ["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base_image}", "-t", base.tag, ctx]
+        out = subprocess.run(argv, capture_output=True, text=True, env=sandbox_image._legacy_builder_env())
     if out.returncode != 0:
         raise RuntimeError(f"building the offline stand-in for {base.tag} failed (it needs the Debian mirror "
                            f"for pip/venv): {out.stderr.strip()[-2000:]}")
