@@ -138,7 +138,7 @@ def _task_containers(client) -> set[str]:
 @pytest.mark.slow
 def test_tiny_model_trains_one_step_on_the_suite(docker_bases, tiny_model_path, tmp_path):
     """The example's config on CPU with the tiny model (prompt budget raised: its small vocabulary spends
-    about 1,150 tokens on the three tool schemas): two tasks x two samples, graded, one GRPO update."""
+    more tokens on the three tool schemas than SmolLM2's): two tasks x two samples, graded, one GRPO update."""
     import docker
 
     from verl_agent.trainer.loop import train

@@ -3,11 +3,11 @@
 No registry is reachable on our machines, so these cannot be pulled. Both are derived from the sandbox's
 offline base image (``verl_agent.sandbox.image``: Debian bookworm debootstrapped from the apt mirror with
 python3, g++ and nodejs), so one debootstrap serves the sandbox and both bases; each is one ``docker build``
-on top of it that purges packages (seconds) and shares its lower layer on disk.
+on top of it that purges packages and shares its lower layer on disk.
 
 ``debian:bookworm-slim``
-    Every package that is neither Debian-required nor apt is purged: about 85 packages, bash, coreutils,
-    grep, sed, findutils, tar, gzip, apt, like the real image. root, ``WORKDIR /``, ``CMD ["bash"]``.
+    Every package that is neither Debian-required nor apt is purged; what stays (bash, coreutils, grep,
+    sed, findutils, tar, gzip, apt, ...) is about what the real image holds. root, ``WORKDIR /``, ``CMD ["bash"]``.
 ``python:3.12-slim``
     Debian bookworm's own ``python3``, which is **Python 3.11**: bookworm has no 3.12 package and nothing can
     be downloaded from python.org here. It keeps python3 and ca-certificates, adds ``pip``, ``venv`` and the
@@ -121,7 +121,7 @@ def ensure_bases(force: bool = False, tags: list[str] | None = None) -> dict[str
 
     "kept": ours, from this recipe. "foreign": an image under that tag that is not ours (e.g. a real
     one loaded with ``docker load``), left as it is, even with ``force``. Builds the sandbox base first
-    when it is missing (debootstrap, about a minute), then the missing stand-ins side by side.
+    when it is missing (debootstrap), then the missing stand-ins side by side.
     """
     chosen = [b for b in BASES if tags is None or b.tag in tags]
     unknown = sorted(set(tags or []) - {b.tag for b in BASES})
