@@ -53,4 +53,5 @@ if ! docker image inspect verl-agent-sandbox-runner:latest >/dev/null 2>&1; then
   echo "setup_docker: building the runner image offline (debootstrap + docker import, ~1-2 min)"
   (cd "$ROOT" && "$PYTHON" -m verl_agent.sandbox.cli build-image) || fail "building the runner image failed"
 fi
+(cd "$ROOT" && "$PYTHON" -m verl_agent.tasks.bases >/dev/null) || fail "building the task base images (debian:bookworm-slim, python:3.12-slim) failed"
 echo "setup_docker: docker ready ($(docker version --format '{{.Server.Version}}'))"

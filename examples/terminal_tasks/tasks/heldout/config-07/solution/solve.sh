@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+echo '{"host": "localhost", "debug": false}' > /app/settings.json

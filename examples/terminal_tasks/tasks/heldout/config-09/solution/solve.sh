@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+echo '{"name": "api", "debug": false}' > /app/settings.json

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+grep -c INFO /app/log.txt > /app/answer.txt

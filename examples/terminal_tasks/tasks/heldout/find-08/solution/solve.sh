@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+grep -rl ref-O9CI /app/notes > /app/answer.txt

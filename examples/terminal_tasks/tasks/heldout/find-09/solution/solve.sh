@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+find /app/notes -name heron.txt > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/kiwi/fig/g' /app/words.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+head -n 3 /app/words.txt > /app/top.txt

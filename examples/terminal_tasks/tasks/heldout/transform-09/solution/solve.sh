@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/grape/banana/g' /app/words.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+printf '[main]\nport = 8443\ndebug = false\n' > /app/app.ini

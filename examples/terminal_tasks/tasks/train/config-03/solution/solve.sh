@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+printf '[app]\ndebug = false\nname = web\n' > /app/service.ini

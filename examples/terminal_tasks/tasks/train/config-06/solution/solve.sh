@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+echo '{"debug": false, "log_level": "debug"}' > /app/app.json

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+wc -l < /app/log.txt > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+grep -c upload /app/log.txt > /app/answer.txt

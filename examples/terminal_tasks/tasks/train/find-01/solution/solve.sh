@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+grep -rl ref-9RGH /app/notes > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+grep -rl ref-6L5R /app/notes > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+grep -rl ref-HKXS /app/notes > /app/answer.txt

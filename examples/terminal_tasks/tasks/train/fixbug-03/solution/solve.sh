@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/return c \* 9 \/ 5 - 32/return c * 9 \/ 5 + 32/' /app/helpers.py

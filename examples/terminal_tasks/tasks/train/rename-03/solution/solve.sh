@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+cd /app/files && for f in *.log; do mv "$f" "${f%.log}.bak"; done

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/camel/plum/g' /app/words.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/gecko/lemon/g' /app/words.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sort /app/words.txt > /app/sorted.txt

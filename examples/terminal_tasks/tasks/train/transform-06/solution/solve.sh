@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sort -u /app/words.txt > /app/unique.txt
