@@ -57,16 +57,38 @@ def test_terminal_bench_yaml_and_missing_parts_are_refused(tmp_path):
 
 
 def test_image_tag_follows_the_environment_content(tmp_path):
+    import docker
+
+    client = docker.from_env()
     a, b = make_task(tmp_path, "a"), make_task(tmp_path, "b")
     assert environment_hash(a / "environment") == environment_hash(b / "environment")
-    tag = image_tag(load_task(a))
-    assert image_tag(load_task(b)) == tag  # identical environments share one image
+    tag = image_tag(load_task(a), client)
+    assert image_tag(load_task(b), client) == tag  # identical environments share one image
     (a / "environment" / "data.txt").write_text("x")
-    assert image_tag(load_task(a)) != tag and image_tag(load_task(a)).startswith("verl-agent-task:")
-    assert image_tag(load_task(b)) == tag  # b keeps the image of the unchanged environment
-    before = image_tag(load_task(a))
+    assert image_tag(load_task(a), client) != tag and image_tag(load_task(a), client).startswith("verl-agent-task:")
+    assert image_tag(load_task(b), client) == tag  # b keeps the image of the unchanged environment
+    before = image_tag(load_task(a), client)
     (a / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")  # not in the image
     (a / "solution" / "solve.sh").write_text("true\n")
-    assert image_tag(load_task(a)) == before
+    assert image_tag(load_task(a), client) == before
     dockerfile = "FROM debian:bookworm-slim AS build\nRUN x\nFROM build\nFROM --platform=linux/amd64 python:3.12-slim\n"
     assert _from_images(dockerfile) == ["debian:bookworm-slim", "python:3.12-slim"]
+
+
+def test_image_tag_follows_the_base_image(tmp_path):
+    """A rebuilt base (same name, new image id) gives its tasks a new tag, so they are rebuilt on it."""
+    import docker
+
+    client = docker.from_env()
+    base = "verl-agent-test-base:image-tag"
+    images = [client.images.get(name) for name in ("verl-agent-sandbox-base:bookworm", "verl-agent-sandbox-runner")]
+    assert images[0].id != images[1].id
+    task = load_task(make_task(tmp_path, dockerfile=f"FROM {base}\nRUN true\n"))
+    try:
+        absent = image_tag(task, client)
+        images[0].tag(base)
+        first = image_tag(task, client)
+        images[1].tag(base)
+        assert len({absent, first, image_tag(task, client)}) == 3
+    finally:
+        client.images.remove(base)

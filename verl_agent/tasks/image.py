@@ -57,8 +57,15 @@ def environment_hash(env_dir: Path) -> str:
     return _hashes[key]
 
 
-def image_tag(task: HarborTask) -> str:
-    return f"{IMAGE_REPO}:{environment_hash(task.environment_dir)[:16]}"
+def image_tag(task: HarborTask, client: Any) -> str:
+    """``verl-agent-task:<hash>``: the hash covers environment/ and the ids of the local images its
+    Dockerfile starts FROM, so a rebuilt base image gives its tasks new images (a missing base counts as
+    absent; building then refuses it)."""
+    h = hashlib.sha256(environment_hash(task.environment_dir).encode())
+    dockerfile = (task.environment_dir / "Dockerfile").read_text(encoding="utf-8")
+    for image in _from_images(dockerfile):
+        h.update(b"\0" + (_image_id(client, image) or "absent").encode())
+    return f"{IMAGE_REPO}:{h.hexdigest()[:16]}"
 
 
 def _from_images(dockerfile: str) -> list[str]:
@@ -81,14 +88,17 @@ def _from_images(dockerfile: str) -> list[str]:
     return images
 
 
-def _exists(client: Any, image: str) -> bool:
+def _image_id(client: Any, image: str) -> str | None:
     import docker.errors
 
     try:
-        client.images.get(image)
-        return True
+        return client.images.get(image).id
     except docker.errors.ImageNotFound:
-        return False
+        return None
+
+
+def _exists(client: Any, image: str) -> bool:
+    return _image_id(client, image) is not None
 
 
 def missing_bases(task: HarborTask, client: Any) -> list[str]:
@@ -113,7 +123,7 @@ def ensure_image(task: HarborTask, client: Any = None, *, allow_internet: bool =
             raise ImageError(f"{task.path / 'task.toml'}: docker_image {task.config.docker_image!r} is not a local "
                              "image and nothing is pulled: build or `docker load` it first")
         return task.config.docker_image
-    tag = image_tag(task)
+    tag = image_tag(task, client)
     with _lock(tag):
         if _exists(client, tag):
             return tag

@@ -67,7 +67,7 @@ async def run_task(task_dir: str | Path, agent: str = "oracle", *, pool: Contain
         task = load_task(task_dir, allow_internet=allow_internet)
         run.task = task.name
         pool = pool or await asyncio.to_thread(ContainerPool, warm=0, allow_internet=allow_internet)
-        run.image_built = not task.config.docker_image and not _has_image(pool, image_tag(task))
+        run.image_built = not task.config.docker_image and not _has_image(pool, image_tag(task, pool.client))
         t = time.perf_counter()
         run.image = await pool.image_for(task)
         run.timings["image_s"] = time.perf_counter() - t

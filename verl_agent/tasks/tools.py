@@ -23,10 +23,11 @@ failure with its cause instead of a reward. Results are ordinary tool observatio
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from verl_agent.tasks.editor import EDITOR_SCHEMA, Editor
-from verl_agent.tasks.env import POOL_KEYS, attach, detach, get_env
+from verl_agent.tasks.env import POOL_KEYS, attach, close_pool, detach, get_env
 from verl_agent.tasks.pool import ContainerError
 from verl_agent.tools.base import BaseTool, ToolResponse
 from verl_agent.tools.errors import ToolConfigError, ToolUnavailable
@@ -116,6 +117,10 @@ class _ContainerTool(BaseTool):
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         await detach(instance_id)
+
+    async def shutdown(self) -> None:
+        """Remove the process's warm containers: a Ray worker is killed without running atexit."""
+        await asyncio.to_thread(close_pool)
 
 
 class BashTool(_ContainerTool):

@@ -88,5 +88,10 @@ class BaseTool:
         """Free the per-trajectory state; called once per `create`, also after errors."""
         return None
 
+    async def shutdown(self) -> None:
+        """Free what the tool holds for its whole process (a server, a container pool) when the worker that
+        rolls out with it stops; called once, after every trajectory has ended."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

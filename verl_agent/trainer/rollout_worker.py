@@ -193,6 +193,11 @@ class RolloutHost:
 
     def close(self) -> None:
         self.run(self.stream.cancel())
+        for tool in getattr(self.agent, "tools", {}).values():  # the agent-function loop has none of ours
+            try:
+                self.run(tool.shutdown())
+            except Exception:  # one tool's failure must not keep the engine and the others alive
+                logger.exception("tool %r: shutdown failed", tool.name)
         self.run(self.engine.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
 
