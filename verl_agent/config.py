@@ -113,9 +113,10 @@ class ActorConfig(Section):
     ppo_micro_batch_size_per_gpu: int = Field(4, ge=1)
     ppo_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = True
-    ppo_max_token_len_per_gpu: int = Field(16384, ge=1, description="token budget of one micro-batch (padded "
-                                           "tokens; verl's default. 4096 made a 0.5B update on an H100 3.9x slower: "
-                                           "host-bound, one pass of kernel launches per micro-batch)")
+    ppo_max_token_len_per_gpu: int = Field(16384, ge=1, description="upper bound of one micro-batch's token budget "
+                                           "(padded tokens; verl's default): each rank uses the largest budget up to "
+                                           "this whose memory estimate fits its device (trainer/memory.py), and stops "
+                                           "before the first step when not even one longest sequence fits")
     ppo_epochs: int = Field(1, ge=1)
     old_log_prob_source: Literal["auto", "actor", "rollout"] = Field(
         "auto", description="PPO's old log-probs. auto: the actor's current ones, detached, when the batch is "
@@ -225,9 +226,11 @@ class RolloutConfig(Section):
         "(default: actor.ppo_micro_batch_size_per_gpu)")
     log_prob_micro_batch_size: int | None = Field(None, description="verl's deprecated global size (refused)")
     tensor_model_parallel_size: int = Field(1, description="one engine replica per worker (values > 1 refused)")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of device memory (host RAM on CPU) "
-                                          "for weights + KV cache: hf continuous sizes its KV slots by it; "
-                                          "sglang's --mem-fraction-static")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of device memory (host RAM on CPU, "
+                                          "split between the trainer's ranks on a host) for weights + KV cache: hf "
+                                          "continuous sizes its KV slots by it, at most what is available; in the "
+                                          "trainer on CPU also at most what the update leaves; sglang's "
+                                          "--mem-fraction-static")
     enable_torch_compile: bool = Field(False, description="torch.compile the decode step: hf continuous compiles "
                                        "its forward before the CUDA-graph capture (compiles at the first decode "
                                        "shapes: ~2 min for a 7B model); sglang: --enable-torch-compile")

@@ -87,13 +87,14 @@ def sampling_params(rollout: RolloutConfig, data: DataConfig, seed: int | None, 
     )  # fmt: skip
 
 
-def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0, own_server: bool = False
-                 ) -> Engine:  # fmt: skip
+def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0, own_server: bool = False,
+                 kv_cache_bytes: int | None = None) -> Engine:  # fmt: skip
     """The engine named by rollout.name. `model`: a path/id, or (hf) an already-built replica.
 
     own_server (the trainer): every worker launches its own SGLang server on a free port, because
     each pushes its weights into its own replica; a configured sglang.url is refused there.
-    SGLang servers are started by `await engine.start()`.
+    SGLang servers are started by `await engine.start()`. kv_cache_bytes (hf): the KV budget, instead of
+    rollout.gpu_memory_utilization's share.
     """
     if rollout.name == "hf":
         from verl_agent.engine.hf_engine import HFEngine
@@ -103,6 +104,7 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
             scheduler=rollout.scheduler, max_num_seqs=rollout.max_num_seqs, max_model_len=rollout.max_model_len,
             max_num_batched_tokens=rollout.max_num_batched_tokens,
             gpu_memory_utilization=rollout.gpu_memory_utilization, torch_compile=rollout.enable_torch_compile,
+            kv_cache_bytes=kv_cache_bytes,
         )  # fmt: skip
     from verl_agent.engine.sglang_engine import SGLangEngine
 
@@ -170,13 +172,15 @@ class RolloutParts:
 
 
 def build_rollout(cfg: RunConfig, model: Any = None, device: str | None = None, seed: int = 0,
-                  own_server: bool = False) -> RolloutParts:  # fmt: skip
-    """Engine (on `model`, default model.path), tokenizer, reward and agent loop from the whole config."""
+                  own_server: bool = False, kv_cache_bytes: int | None = None) -> RolloutParts:  # fmt: skip
+    """Engine (on `model`, default model.path), tokenizer, reward and agent loop from the whole config
+    (kv_cache_bytes: see `build_engine`)."""
     arr = cfg.actor_rollout_ref
     import_external_lib(arr.model)
     model = model if model is not None else resolve_model_path(arr.model.path)
     # gated, so that a trainer can pause generation between turns to swap weights (rollout/stream.py)
-    engine = PausableEngine(build_engine(arr.rollout, model, device or pick_device(cfg.trainer), seed, own_server))
+    engine = PausableEngine(build_engine(arr.rollout, model, device or pick_device(cfg.trainer), seed, own_server,
+                                         kv_cache_bytes))
     tokenizer = load_tokenizer(arr.model)
     reward_fn = build_reward(cfg.data, cfg.custom_reward_function)
     return RolloutParts(engine, tokenizer, build_agent_loop(arr.rollout, cfg.data, engine, tokenizer, reward_fn),

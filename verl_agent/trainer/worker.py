@@ -45,6 +45,7 @@ from verl_agent.trainer.actor import (
 )
 from verl_agent.trainer.batch import TrainSeq
 from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
+from verl_agent.trainer.memory import plan_memory
 from verl_agent.trainer.prepare import (
     GROUP_ESTIMATORS, apply_rollout_correction, assign_advantages, filter_groups, log_prob_metrics, train_seqs,
 )
@@ -154,15 +155,18 @@ class TrainWorker:
             self.ref = shard(build(False, rc.param_offload).eval().requires_grad_(False), self.mesh,
                              self.device.type, rc.reshard_after_forward, rc.param_offload)
         a = arr.actor
-        self.mb = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size_per_gpu)
+        # the micro-batch token budget and the engine's KV budget that fit this device (collective)
+        self.memory = plan_memory(cfg, self.actor, self.device, [m for m in (self.actor, self.ref) if m is not None])
+        self.mb = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens, a.ppo_micro_batch_size_per_gpu)
         if cfg.algorithm.adv_estimator == "gae":
             self._build_critic()
-        self.mb_log_prob = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
+        self.mb_log_prob = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens,
                                          arr.rollout.log_prob_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu)
-        self.mb_ref = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
+        self.mb_ref = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens,
                                     arr.ref.log_prob_micro_batch_size_per_gpu or self.mb_log_prob.per_gpu)
         if cfg.trainer.placement == "colocated":
-            self.rollout = RolloutHost(cfg, self.rank, self.model_path, self.device, shards=self.world_size)
+            self.rollout = RolloutHost(cfg, self.rank, self.model_path, self.device, shards=self.world_size,
+                                       kv_cache_bytes=self.memory.kv_cache_bytes)
             self.tokenizer = self.rollout.tokenizer
         else:
             from verl_agent.rollout.build import load_tokenizer
