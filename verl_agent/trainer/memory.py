@@ -29,7 +29,9 @@ import torch.distributed as dist
 from torch import nn
 
 from verl_agent.config import ConfigError
-from verl_agent.engine.kv_pool import device_available_bytes, device_memory_bytes, kv_bytes_per_token, share_budget
+from verl_agent.engine.kv_pool import (
+    device_available_bytes, device_memory_bytes, kv_bytes_per_token, share_budget,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class MemoryEstimate:
     optimizer: int  # AdamW's two moments
     activations: int  # saved for the backward pass over one micro-batch
     logits: int  # one chunk of fp32 logits over the vocabulary, forward and backward, and the head's fp32 grad
-    engine: int  # the engine replica's weights and its decode temporaries
+    engine: int  # the engine replica's weights (and its working memory when it generates during the update)
     kv: int  # the engine's KV cache, where it stays allocated during the update
 
     @property
@@ -213,7 +215,8 @@ class _Inputs:
     kw: dict  # `estimate` keywords that do not depend on the micro-batch
     room: int
     longest: int
-    engine_bytes: int
+    engine_bytes: int  # the engine replica's weights
+    engine_transient: int  # its working memory while it generates (`engine_working_bytes`)
     kv_full: int  # KV of every slot filled to its end
     kv_min: int  # KV of one slot of the longest length
     kv_share: int  # what rollout.gpu_memory_utilization gives the engine on this device
@@ -238,16 +241,25 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
               grad_ckpt=arr.model.enable_gradient_checkpointing, world=world, fused_head=_fusable_head(actor),
               extra_models=(len(loaded) - 1) + int(critic), trained_extra=int(critic), runtime=max(0, now - held))
     longest = longest_sequence(cfg, config)
-    engine = kv_full = kv_share = kv_min = 0
+    engine = working = kv_full = kv_share = kv_min = 0
     if t.placement == "colocated" and r.name == "hf":  # sglang servers and split rollout workers size their own
         slots = r.max_num_seqs or engine_slots(cfg, world)
-        engine_w = shape.params * torch.empty((), dtype=getattr(torch, r.dtype or arr.model.dtype)).element_size()
-        engine = engine_w + decode_reserve(slots, shape.vocab)
-        bpt = kv_bytes_per_token(config, getattr(torch, r.dtype or arr.model.dtype))
+        dtype = getattr(torch, r.dtype or arr.model.dtype)
+        engine = shape.params * torch.empty((), dtype=dtype).element_size()
+        working = engine_working_bytes(shape, slots, r.max_num_batched_tokens, dtype)
+        bpt = kv_bytes_per_token(config, dtype)
         kv_full, kv_min = slots * (longest + 1) * bpt, (longest + 1) * bpt
-        kv_share = share_budget(engine_w, shape.vocab, slots, r.gpu_memory_utilization, device, sharers=local)
+        kv_share = share_budget(engine, shape.vocab, slots, r.gpu_memory_utilization, device, sharers=local)
     sleeps = t.mode == "sync" and r.free_cache_engine
-    return _Inputs(shape, kw, now + int(free / local), longest, engine, kv_full, kv_min, kv_share, sleeps)
+    return _Inputs(shape, kw, now + int(free / local), longest, engine, working, kv_full, kv_min, kv_share, sleeps)
+
+
+def engine_working_bytes(shape: ModelShape, slots: int, prefill_tokens: int, dtype: torch.dtype) -> int:
+    """What the hf engine allocates beside weights and KV while it generates: one layer's activations of a
+    prefill chunk (no autograd: nothing is kept across layers) and fp32 logits, probabilities and sampling
+    temporaries of a decode step over every slot."""
+    layer = 4 * shape.hidden + 2 * shape.intermediate + 2 * shape.kv_heads * shape.head_dim
+    return prefill_tokens * layer * torch.empty((), dtype=dtype).element_size() + 3 * slots * shape.vocab * 4
 
 
 def _fail(what: str, need: MemoryEstimate, room: int, keys: str) -> MemoryPlanError:
@@ -267,17 +279,23 @@ def _kv_budget(p: _Inputs) -> int:
     state beside the engine) and, when the engine stays awake, an update of one longest sequence leave."""
     if not p.engine_bytes:
         return 0
-    base = estimate(p.shape, 0, **p.kw, engine_bytes=p.engine_bytes)
-    cap = p.room - (base.runtime + base.weights + base.optimizer + base.engine)
+    base = estimate(p.shape, 0, **p.kw)
+    cap = p.room - (base.runtime + base.weights + base.optimizer + p.engine_bytes + p.engine_transient)
     if not p.engine_sleeps:
-        cap = min(cap, p.room - estimate(p.shape, p.longest, **p.kw, engine_bytes=p.engine_bytes).total)
+        cap = min(cap, p.room - estimate(p.shape, p.longest, **p.kw, engine_bytes=_engine_in_update(p)).total)
     return min(p.kv_share, cap, p.kv_full)
+
+
+def _engine_in_update(p: _Inputs) -> int:
+    """Engine bytes while the actor trains: its weights (a sleeping engine drops them too, but they come back at
+    the weight sync, before the update's memory is freed), and its working memory when it keeps generating."""
+    return p.engine_bytes + (0 if p.engine_sleeps else p.engine_transient)
 
 
 def _largest_fit(p: _Inputs, kv: int, upper: int) -> int:
     """The largest token count <= upper whose estimate fits the room (0 if not even one token)."""
     def fits(tokens: int) -> bool:
-        return estimate(p.shape, tokens, **p.kw, engine_bytes=p.engine_bytes, kv_bytes=kv).total <= p.room
+        return estimate(p.shape, tokens, **p.kw, engine_bytes=_engine_in_update(p), kv_bytes=kv).total <= p.room
 
     lo, hi = 0, upper
     while lo < hi:
@@ -305,7 +323,7 @@ def plan_memory(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[n
     fit = _largest_fit(p, kv_in_update, max(a.ppo_max_token_len_per_gpu, need_tokens)) if kv >= p.kv_min else -1
     fit = _agree_min(fit)  # every rank raises alike, or none does
     if fit < need_tokens:
-        need = estimate(p.shape, need_tokens, **p.kw, engine_bytes=p.engine_bytes, kv_bytes=max(kv_in_update, 0))
+        need = estimate(p.shape, need_tokens, **p.kw, engine_bytes=_engine_in_update(p), kv_bytes=max(kv_in_update, 0))
         if fit < 0:
             raise _fail(f"the engine's KV cache for one sequence of {p.longest} tokens beside the actor", need,
                         p.room, _SMALLER)
@@ -318,6 +336,6 @@ def plan_memory(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[n
     tokens = min(fit, a.ppo_max_token_len_per_gpu) if a.use_dynamic_bsz else need_tokens
     plan = MemoryPlan(max_tokens=min(fit, a.ppo_max_token_len_per_gpu), room=p.room,
                       kv_cache_bytes=kv if p.engine_bytes and device.type == "cpu" else None,
-                      peak=estimate(p.shape, tokens, **p.kw, engine_bytes=p.engine_bytes, kv_bytes=kv_in_update))
+                      peak=estimate(p.shape, tokens, **p.kw, engine_bytes=_engine_in_update(p), kv_bytes=kv_in_update))
     logger.info("memory plan: %s", plan.describe())
     return plan
