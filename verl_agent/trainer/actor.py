@@ -234,11 +234,13 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
     """
     sums: dict[str, float | Tensor] = defaultdict(float)
     is_stats = torch.zeros(4, dtype=torch.float64, device=device)  # see prepare.add_rollout_is_stats
+    widest = 0  # padded tokens of the largest micro-batch: what the memory plan budgets (trainer/memory.py)
     model.train()
     for _ in range(cfg.ppo_epochs):
         for mini in _chunks(seqs, n_minibatches):
             gtok, gseq = _global_counts(mini)
             for micro in micro_batches(mini, mb):
+                widest = max(widest, len(micro) * max((s.num_tokens for s in micro), default=0))
                 loss, m = _actor_loss(model, micro or [_DUMMY], cfg, temperature, device, gtok, gseq,
                                       loss_scale_factor, rollout_is, is_stats)
                 loss.backward()
@@ -249,6 +251,7 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
             sums["grad_norm"] += _clip_and_step(model, optimizer, cfg.grad_clip)
             sums["_steps"] += 1
     out = _finish(sums)
+    out["perf/max_micro_batch_tokens"] = float(widest)
     if rollout_is is not None:
         out.update(rollout_is_metrics(is_stats, reduce_op))
     return out

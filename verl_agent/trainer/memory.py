@@ -82,13 +82,14 @@ def activation_bytes_per_token(shape: ModelShape, act_bytes: int, grad_ckpt: boo
     Per decoder layer and token: the residual stream and the two RMSNorms (6 x hidden), query, attention
     output and its reshaped copy (3 x heads x head_dim), key and value (2 x kv_heads x head_dim) and the MLP's
     gate, activation, up and product (4 x intermediate); plus the embedding and the final norm. With
-    gradient checkpointing only each layer's input is kept, and one layer is recomputed at a time.
+    gradient checkpointing only each layer's input is kept, and one layer is recomputed at a time (its
+    activations, their gradients and the autograd temporaries of its backward: about four layers' worth).
     """
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     layer = 6 * shape.hidden + 3 * q + 2 * kv + 4 * shape.intermediate
     outside = 4 * shape.hidden  # embedding output, final norm
     if grad_ckpt:
-        return act_bytes * (shape.layers * shape.hidden + 2 * layer + outside)
+        return act_bytes * (shape.layers * shape.hidden + 4 * layer + outside)
     return act_bytes * ((shape.layers + 1) * layer + outside)  # + one layer's gradients during the backward
 
 

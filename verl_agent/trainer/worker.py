@@ -175,7 +175,9 @@ class TrainWorker:
         n_params = sum(p.numel() for p in self.actor.parameters())  # DTensor.numel() is the full size
         return {"rank": self.rank, "device": str(self.device), "node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(), "memory": memory_key(self.device),
-                "num_parameters": int(n_params), "pid": os.getpid()}
+                "num_parameters": int(n_params), "pid": os.getpid(), "memory_plan": {
+                    "max_tokens": self.memory.max_tokens, "peak_estimate": self.memory.peak.total,
+                    "activations": self.memory.peak.activations}}
 
     def _optimizer(self, model: torch.nn.Module, optim_cfg) -> tuple[torch.optim.Optimizer, Any]:
         # fused AdamW on GPU: no temporary the size of the weights (the foreach default needs one)
