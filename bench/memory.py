@@ -40,7 +40,8 @@ RAM_TARGET, ESTIMATE_TARGET = 0.80, 0.25
 _GIB = 2**30
 _OVERRIDDEN = {"trainer.total_training_steps", "trainer.test_freq", "data.val_files", "trainer.save_freq"}
 _GPU = re.compile(r"trainer\.device=cuda|n_gpus_per_node=[1-9]")
-_PLAN = re.compile(r"pid=(\d+).*memory plan: micro-batch budget (\d+) tokens.*estimated peak ([\d.]+) GiB")
+_PLAN = re.compile(r"pid=(\d+).*memory plan: micro-batch budget (\d+) tokens.*estimated peak ([\d.]+) GiB"
+                   r".*activations ([\d.]+)")
 
 
 @dataclass
@@ -184,7 +185,8 @@ def run(cmd: Command, steps: int, timeout: float) -> dict:
              "trainer.save_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={work}",
              "trainer.resume_mode=disable"]
     argv = [sys.executable, "-m", "verl_agent", "train", *cmd.argv, *extra]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(work / "ray")}
+    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths must stay under 107 bytes
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": ray_tmp}
     t0 = time.time()
     log = work / "output.log"
     with open(log, "w") as out:
@@ -196,20 +198,33 @@ def run(cmd: Command, steps: int, timeout: float) -> dict:
                 proc.kill()
                 rc = proc.wait()
     text = log.read_text(errors="replace")
-    plans = {int(m.group(1)): (int(m.group(2)), float(m.group(3)) * _GIB) for m in _PLAN.finditer(text)}
-    ranks = [{"pid": pid, "budget_tokens": tokens, "estimate_gib": est / _GIB,
-              "measured_gib": peaks.per_pid.get(pid, 0) / _GIB,
-              "error": est / peaks.per_pid[pid] - 1 if peaks.per_pid.get(pid) else None}
-             for pid, (tokens, est) in sorted(plans.items())]
+    plans = {int(m.group(1)): (int(m.group(2)), float(m.group(3)) * _GIB, float(m.group(4)) * _GIB)
+             for m in _PLAN.finditer(text)}
+    widest = _widest_micro_batch(work / "metrics.jsonl")
+    ranks = []
+    for pid, (tokens, est, act) in sorted(plans.items()):
+        ran = est - act * (1 - min(widest, tokens) / tokens) if widest else est  # activations of what ran
+        measured = peaks.per_pid.get(pid, 0)
+        ranks.append({"pid": pid, "budget_tokens": tokens, "widest_tokens": widest, "plan_estimate_gib": est / _GIB,
+                      "estimate_gib": ran / _GIB, "measured_gib": measured / _GIB,
+                      "error": ran / measured - 1 if measured else None})
     tail = [line for line in text.splitlines() if line.strip()][-3:]
     return {"name": cmd.name, "source": cmd.source, "rc": rc, "seconds": round(time.time() - t0, 1),
             "peak_tree_gib": peaks.tree / _GIB, "peak_tree_of_ram": peaks.tree / ram_bytes(), "ranks": ranks,
             "log": str(log), "tail": tail if rc else []}
 
 
+def _widest_micro_batch(metrics: Path) -> int:
+    """The largest micro-batch (padded tokens, mean of the ranks) over the run's steps (0 if none ran)."""
+    if not metrics.exists():
+        return 0
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return int(max((r.get("perf/max_micro_batch_tokens", 0) for r in rows), default=0))
+
+
 def report(results: list[dict]) -> dict:
     head = f"{'command':<22} {'source':<42} {'rc':>3} {'s':>6} {'tree GiB':>9} {'% RAM':>6} " \
-           f"{'rank peak':>10} {'estimate':>9} {'error':>7} {'budget':>7}"
+           f"{'rank peak':>10} {'estimate':>9} {'error':>7} {'budget':>7} {'ran':>6} {'plan est':>9}"
     print(head)
     print("-" * len(head))
     ok = True
@@ -222,7 +237,8 @@ def report(results: list[dict]) -> dict:
                   f"{r['rc'] if first else '':>3} {r['seconds'] if first else '':>6} "
                   f"{r['peak_tree_gib'] if first else 0:>9.2f} {100 * r['peak_tree_of_ram'] if first else 0:>6.1f} "
                   f"{k.get('measured_gib', 0):>10.2f} {k.get('estimate_gib', 0):>9.2f} "
-                  f"{'' if err is None else f'{100 * err:+.1f}%':>7} {k.get('budget_tokens', ''):>7}")
+                  f"{'' if err is None else f'{100 * err:+.1f}%':>7} {k.get('budget_tokens', ''):>7} "
+                  f"{k.get('widest_tokens', ''):>6} {k.get('plan_estimate_gib', 0):>9.2f}")
         for line in r["tail"]:
             print(f"    {line[:160]}")
         r["fits"] = r["rc"] == 0 and r["peak_tree_of_ram"] <= RAM_TARGET

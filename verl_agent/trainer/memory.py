@@ -41,6 +41,10 @@ __all__ = ["MARGIN", "MemoryEstimate", "MemoryPlan", "MemoryPlanError", "ModelSh
 # Share of the device's total memory the plan leaves free: on CPU for the OS, the driver and Ray's own
 # processes and the allocator's slack; on GPU for the caching allocator's fragmentation.
 MARGIN = {"cpu": 0.20, "cuda": 0.08}
+# Host memory the rollout side of a CPU rank takes beyond its tensors, which exist only after the plan: the
+# tokenizer, the agent loop and its trajectories, the engine's threads and their allocator arenas. An allowance,
+# not a model.
+ROLLOUT_RUNTIME = 256 * 2**20
 _GIB = 2**30
 
 
@@ -240,7 +244,8 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
     critic = cfg.algorithm.adv_estimator == "gae"
     kw = dict(param_bytes=param_bytes, act_bytes=2 if cuda and param_bytes == 4 else param_bytes,
               grad_ckpt=arr.model.enable_gradient_checkpointing, world=world, fused_head=_fusable_head(actor),
-              extra_models=(len(loaded) - 1) + int(critic), trained_extra=int(critic), runtime=max(0, now - held))
+              extra_models=(len(loaded) - 1) + int(critic), trained_extra=int(critic),
+              runtime=max(0, now - held) + (0 if cuda or t.placement != "colocated" else ROLLOUT_RUNTIME))
     longest = longest_sequence(cfg, config)
     engine = working = kv_full = kv_share = kv_min = 0
     if t.placement == "colocated" and r.name == "hf":  # sglang servers and split rollout workers size their own
