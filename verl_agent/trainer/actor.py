@@ -28,6 +28,7 @@ ratio 1 without a separate forward pass).
 
 from __future__ import annotations
 
+import ctypes
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -252,9 +253,23 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
             sums["_steps"] += 1
     out = _finish(sums)
     out["perf/max_micro_batch_tokens"] = float(widest)
+    if device.type == "cpu":
+        release_host_memory()
     if rollout_is is not None:
         out.update(rollout_is_metrics(is_stats, reduce_op))
     return out
+
+
+def release_host_memory() -> None:
+    """Give the C allocator's free pages back to the OS (glibc's malloc_trim; a no-op elsewhere).
+
+    glibc keeps the memory of freed small and medium blocks (the update's activations) for reuse, so without
+    this the process would carry the update's peak into the rollout, where the KV cache comes on top of it.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float, device: torch.device,
