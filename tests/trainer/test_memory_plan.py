@@ -51,9 +51,10 @@ def test_estimate_terms_follow_the_shape():
     assert shape.params == ModelShape.of(model.config).params == 134_515_008  # the count from the shape alone
     e = estimate(shape, 4096)
     assert e.weights == e.grads == shape.params * 4 and e.optimizer == 2 * shape.params * 4
-    # 30 layers x (6 x 576 + 3 x 576 + 2 x 192 + 4 x 1536) fp32 values, one layer more for the backward, + 4 x 576
-    assert e.activations == 4096 * 4 * (31 * 11712 + 4 * 576)
-    assert e.logits == 4 * 2048 * 49152 * 4 + 49152 * 576 * 4  # one 2048-row chunk, never [tokens, vocab]
+    # 30 layers x (6 x 576 + 3 x 576 + 2 x 576 (K/V repeated to 9 heads) + 4 x 1536) fp32 values, one layer more
+    # for the backward, + 4 x 576
+    assert e.activations == 4096 * 4 * (31 * 12480 + 4 * 576)
+    assert e.logits == 6 * 2048 * 49152 * 4 + 49152 * 576 * 4  # one 2048-row chunk, never [tokens, vocab]
     assert e.total == sum([e.runtime, e.weights, e.grads, e.optimizer, e.activations, e.logits, e.engine, e.kv])
     ckpt = estimate(shape, 4096, grad_ckpt=True)
     assert ckpt.activations * 5 < e.activations  # only layer inputs kept, one layer recomputed at a time

@@ -84,13 +84,14 @@ def activation_bytes_per_token(shape: ModelShape, act_bytes: int, grad_ckpt: boo
     """Bytes autograd keeps per token of a micro-batch until the backward pass reaches them.
 
     Per decoder layer and token: the residual stream and the two RMSNorms (6 x hidden), query, attention
-    output and its reshaped copy (3 x heads x head_dim), key and value (2 x kv_heads x head_dim) and the MLP's
-    gate, activation, up and product (4 x intermediate); plus the embedding and the final norm. With
+    output and its reshaped copy (3 x heads x head_dim), key and value (2 x heads x head_dim: with a padding
+    mask transformers repeats grouped K/V heads to every query head before SDPA) and the MLP's gate,
+    activation, up and product (4 x intermediate); plus the embedding and the final norm. With
     gradient checkpointing only each layer's input is kept, and one layer is recomputed at a time (its
     activations, their gradients and the autograd temporaries of its backward: about four layers' worth).
     """
-    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    layer = 6 * shape.hidden + 3 * q + 2 * kv + 4 * shape.intermediate
+    q = shape.heads * shape.head_dim
+    layer = 6 * shape.hidden + 5 * q + 4 * shape.intermediate
     outside = 4 * shape.hidden  # embedding output, final norm
     if grad_ckpt:
         return act_bytes * (shape.layers * shape.hidden + 4 * layer + outside)
@@ -138,8 +139,8 @@ def estimate(shape: ModelShape, tokens: int, *, param_bytes: int = 4, act_bytes:
     layer_params = shape.params // max(shape.layers, 1)
     gathered = 0 if world == 1 else (1 - 1 / world) * (2 * layer_params + shape.vocab * shape.hidden)
     rows = tokens if response_rows is None else min(response_rows, tokens)
-    if fused_head:  # forward's chunk freed; backward: log p, p, the gradient and a temporary, [chunk, vocab] fp32
-        logits = 4 * min(rows, chunk_rows) * shape.vocab * 4 + shape.vocab * shape.hidden * 4
+    if fused_head:  # forward's chunk freed; backward: log p, p, the gradient and the entropy term's three
+        logits = 6 * min(rows, chunk_rows) * shape.vocab * 4 + shape.vocab * shape.hidden * 4  # [chunk, vocab] fp32
     else:  # the model's own logits for every token, then fp32 log-softmax of the response rows
         logits = tokens * shape.vocab * act_bytes + 3 * rows * shape.vocab * 4
     return MemoryEstimate(
