@@ -40,7 +40,7 @@ __all__ = ["MARGIN", "MemoryEstimate", "MemoryPlan", "MemoryPlanError", "ModelSh
 
 # Share of the device's total memory the plan leaves free: on CPU for the OS, the driver and Ray's own
 # processes and the allocator's slack; on GPU for the caching allocator's fragmentation.
-MARGIN = {"cpu": 0.20, "cuda": 0.08}
+MARGIN = {"cpu": 0.25, "cuda": 0.08}
 # Host memory the rollout side of a CPU rank takes beyond its tensors, which exist only after the plan: the
 # tokenizer, the agent loop and its trajectories, the engine's threads and their allocator arenas. An allowance,
 # not a model.
