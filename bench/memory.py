@@ -107,7 +107,8 @@ def discover(warm_start: str) -> list[Command]:
                 continue
             seen.add(key)
             rel = path.relative_to(REPO)
-            name = rel.parts[1] if rel.parts[0] == "examples" else (Path(config).parent.name if config else "quickstart")
+            folder = Path(config).parent.name if config else "quickstart"
+            name = rel.parts[1] if rel.parts[0] == "examples" else folder
             out.append(Command(name, f"{rel}:{lineno}", argv, cwd))
     return out
 

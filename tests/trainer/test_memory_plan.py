@@ -105,13 +105,15 @@ def test_planner_fits_calculator_example_and_refuses_what_cannot_fit(tiny_model_
     monkeypatch.setattr(memory, "device_available_bytes",
                         lambda device: int(memory.MARGIN["cpu"] * memory.device_memory_bytes(device)) + 2**30)
     cfg = load_config(REPO / "examples/smollm2_calculator/config.yaml",
-                      ["actor_rollout_ref.model.path=smollm2", *SMOLLM2_CPU, "actor_rollout_ref.rollout.max_model_len=4096"])
+                      ["actor_rollout_ref.model.path=smollm2", *SMOLLM2_CPU,
+                       "actor_rollout_ref.rollout.max_model_len=4096"])
     with pytest.raises(MemoryPlanError) as err:
         plan_memory(cfg, _smollm2(), torch.device("cpu"))
     msg = str(err.value)
     assert "enable_gradient_checkpointing=true" in msg and "max_model_len" in msg and "GiB" in msg
     cfg = load_config(REPO / "examples/smollm2_calculator/config.yaml",
-                      ["actor_rollout_ref.model.path=smollm2", *SMOLLM2_CPU, "actor_rollout_ref.actor.use_dynamic_bsz=false",
+                      ["actor_rollout_ref.model.path=smollm2", *SMOLLM2_CPU,
+                       "actor_rollout_ref.actor.use_dynamic_bsz=false",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"])
     monkeypatch.undo()
     with pytest.raises(MemoryPlanError, match="ppo_micro_batch_size_per_gpu"):
