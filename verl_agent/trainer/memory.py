@@ -44,12 +44,19 @@ MARGIN = {"cpu": 0.25, "cuda": 0.08}
 # Host memory the rollout side of a CPU rank takes beyond its tensors, which exist only after the plan: the
 # tokenizer, the agent loop and its trajectories, the engine's threads and their allocator arenas. An allowance,
 # not a model.
-ROLLOUT_RUNTIME = 256 * 2**20
+ROLLOUT_RUNTIME = 192 * 2**20
 _GIB = 2**30
 
 
 class MemoryPlanError(ConfigError):
-    """The configuration cannot fit the device's memory; the message names the keys to change."""
+    """The configuration cannot fit the device's memory; the message names the keys to change.
+
+    ``need``: the estimate (bytes) of the smallest micro-batch the configuration allows; ``room``: what the rank
+    could use."""
+
+    def __init__(self, message: str, need: int = 0, room: int = 0) -> None:
+        super().__init__(message)
+        self.need, self.room = need, room
 
 
 @dataclass(frozen=True)
@@ -273,7 +280,7 @@ def _fail(what: str, need: MemoryEstimate, room: int, keys: str) -> MemoryPlanEr
     return MemoryPlanError(f"memory plan: {what} does not fit: estimated {need.describe()}, but this rank can use "
                            f"{room / _GIB:.2f} GiB (its share of the memory available now, less a margin of "
                            f"{MARGIN['cpu']:.0%} of host RAM on CPU, {MARGIN['cuda']:.0%} of GPU memory). Change: "
-                           f"{keys}")
+                           f"{keys}", need.total, room)
 
 
 _SMALLER = ("actor_rollout_ref.model.enable_gradient_checkpointing=true, a smaller "
