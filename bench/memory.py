@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,9 @@ def run(cmd: Command, steps: int, timeout: float) -> dict:
                       "estimate_gib": ran / _GIB, "measured_gib": measured / _GIB,
                       "error": ran / measured - 1 if measured else None})
     tail = [line for line in text.splitlines() if line.strip()][-3:]
+    if rc == 0:  # the run's exported model and Ray's session files; a failed run keeps them (and its log)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     return {"name": cmd.name, "source": cmd.source, "rc": rc, "seconds": round(time.time() - t0, 1),
             "peak_tree_gib": peaks.tree / _GIB, "peak_tree_of_ram": peaks.tree / ram_bytes(), "ranks": ranks,
             "log": str(log), "tail": tail if rc else []}
