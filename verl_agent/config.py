@@ -118,9 +118,10 @@ class ActorConfig(Section):
     ppo_micro_batch_size_per_gpu: int = Field(4, ge=1)
     ppo_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = True
-    ppo_max_token_len_per_gpu: int = Field(16384, ge=1, description="token budget of one micro-batch (padded "
-                                           "tokens; verl's default). Each micro-batch is one pass of kernel "
-                                           "launches, so a small budget makes small-model updates host-bound")
+    ppo_max_token_len_per_gpu: int = Field(16384, ge=1, description="upper bound of one micro-batch's token budget "
+                                           "(padded tokens; verl's default): each rank uses the largest budget up to "
+                                           "this whose memory estimate fits its device (trainer/memory.py), and stops "
+                                           "before the first step when not even one longest sequence fits")
     ppo_epochs: int = Field(1, ge=1)
     old_log_prob_source: Literal["auto", "actor", "rollout"] = Field(
         "auto", description="PPO's old log-probs. auto: the actor's current ones, detached, when the batch is "
@@ -232,9 +233,11 @@ class RolloutConfig(Section):
         "(default: actor.ppo_micro_batch_size_per_gpu)")
     log_prob_micro_batch_size: int | None = Field(None, description="verl's deprecated global size (refused)")
     tensor_model_parallel_size: int = Field(1, description="one engine replica per worker (values > 1 refused)")
-    gpu_memory_utilization: float = Field(_HF.gpu_memory_utilization, gt=0, le=1, description="share of device "
-                                          "memory (host RAM on CPU) for weights + KV cache: the hf engine sizes "
-                                          "its KV slots by it; sglang's --mem-fraction-static")
+    gpu_memory_utilization: float = Field(_HF.gpu_memory_utilization, gt=0, le=1, description="share of device memory (host RAM on CPU, "
+                                          "split between the trainer's ranks on a host) for weights + KV cache: hf "
+                                          "engine sizes its KV slots by it, at most what is available; in the "
+                                          "trainer on CPU also at most what the update leaves; sglang's "
+                                          "--mem-fraction-static")
     enable_torch_compile: bool = Field(_HF.torch_compile, description="torch.compile the decode step: hf compiles "
                                        "its forward before the CUDA-graph capture (a compile at each new decode "
                                        "shape delays the first steps); sglang: --enable-torch-compile")

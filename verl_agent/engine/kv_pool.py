@@ -35,7 +35,8 @@ import torch.nn.functional as F
 
 ATTN_NAME = "verl_agent_slots"
 
-__all__ = ["ATTN_NAME", "KVBudget", "SlotKVPool", "kv_bytes_per_token", "plan_budget", "slot_attention_enabled"]
+__all__ = ["ATTN_NAME", "KVBudget", "SlotKVPool", "decode_reserve", "device_available_bytes", "device_memory_bytes",
+           "kv_bytes_per_token", "plan_budget", "share_budget", "slot_attention_enabled"]
 
 
 def slot_attention(module: Any, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -118,17 +119,65 @@ class KVBudget:
 
 
 def device_memory_bytes(device: torch.device) -> int:
-    """Total memory of the device the cache lives on (host RAM for CPU)."""
+    """Total memory of the device the cache lives on (host RAM for CPU, or the cgroup's limit when lower)."""
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    total = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    limit = _cgroup_value("memory.max")
+    return min(total, limit) if limit else total
+
+
+def device_available_bytes(device: torch.device) -> int:
+    """Memory that can be allocated now: free device memory on CUDA; on CPU the kernel's MemAvailable (free
+    plus reclaimable page cache), within the cgroup's limit when one is set."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is None:
+        available = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    limit, used = _cgroup_value("memory.max"), _cgroup_value("memory.current")
+    return min(available, limit - used) if limit and used is not None else available
+
+
+def _cgroup_value(name: str) -> int | None:
+    """A number from this process's cgroup v2 directory (None: no such file, or "max")."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = f.read().strip().split("::")[-1]
+        with open(f"/sys/fs/cgroup{rel}/{name}") as f:
+            text = f.read().strip()
+    except (OSError, IndexError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def decode_reserve(max_num_seqs: int, vocab: int) -> int:
+    """Bytes an engine keeps aside beside weights and KV: activations, float logits and sampling temporaries."""
+    return 2**30 + max_num_seqs * vocab * 16
+
+
+def share_budget(weights: int, vocab: int, max_num_seqs: int, gpu_memory_utilization: float,
+                 device: torch.device, sharers: int = 1) -> int:
+    """KV bytes from `gpu_memory_utilization`: that share of the device's memory (split between `sharers`
+    engines on one host) minus the weights and `decode_reserve`, and never more than is available now
+    (on CUDA the free memory, on CPU MemAvailable: other processes and a colocated actor hold memory too)."""
+    reserve = decode_reserve(max_num_seqs, vocab)
+    budget = int(gpu_memory_utilization * device_memory_bytes(device) / sharers) - weights - reserve
+    return min(budget, device_available_bytes(device) // sharers - reserve)
 
 
 def plan_budget(
     model: Any, max_num_seqs: int, max_len: int, gpu_memory_utilization: float, kv_cache_bytes: int | None = None
 ) -> KVBudget:
     """Size the pool. The KV budget is `kv_cache_bytes`, or `gpu_memory_utilization` of the device's memory
-    minus the weights and a reserve for activations and logits (on CUDA, at most what is free now).
+    minus the weights and a reserve for activations and logits, at most what is available now (`share_budget`).
     Slots get `max_len` tokens each; when fewer than `max_num_seqs` such slots fit, there are fewer
     slots; when not even one fits, one slot holds what the budget allows."""
     param = next(model.parameters())
@@ -136,10 +185,7 @@ def plan_budget(
     if kv_cache_bytes is None:
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         vocab = int(model.get_input_embeddings().weight.shape[0])
-        reserve = 2**30 + max_num_seqs * vocab * 16  # activations, float logits and sampling temporaries
-        kv_cache_bytes = int(gpu_memory_utilization * device_memory_bytes(param.device)) - weights - reserve
-        if param.device.type == "cuda":  # never more than is free now (a colocated actor holds memory too)
-            kv_cache_bytes = min(kv_cache_bytes, int(torch.cuda.mem_get_info(param.device)[0]) - reserve)
+        kv_cache_bytes = share_budget(weights, vocab, max_num_seqs, gpu_memory_utilization, param.device)
     tokens = max(0, kv_cache_bytes) // bpt
     if tokens < 2:
         raise ValueError(

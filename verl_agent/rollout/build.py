@@ -92,18 +92,19 @@ def sampling_params(rollout: RolloutConfig, data: DataConfig, seed: int | None, 
     )  # fmt: skip
 
 
-def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0, own_server: bool = False
-                 ) -> Engine:  # fmt: skip
+def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0, own_server: bool = False,
+                 kv_cache_bytes: int | None = None) -> Engine:  # fmt: skip
     """The engine named by rollout.name. `model`: a path/id, or (hf) an already-built replica.
 
     own_server (the trainer): every worker launches its own SGLang server on a free port, because
     each pushes its weights into its own replica; a configured sglang.url is refused there.
-    SGLang servers are started by `await engine.start()`.
+    SGLang servers are started by `await engine.start()`. kv_cache_bytes (hf): the KV budget, instead of
+    rollout.gpu_memory_utilization's share.
     """
     if rollout.name == "hf":
         from verl_agent.engine.hf_engine import HFEngine
 
-        return HFEngine(model, hf_engine_settings(rollout, device, seed))
+        return HFEngine(model, hf_engine_settings(rollout, device, seed, kv_cache_bytes))
     from verl_agent.engine.sglang_engine import SGLangEngine
 
     sg = rollout.sglang
@@ -114,12 +115,15 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
                         port=None if own_server else sg.port, extra_args=sglang_server_args(rollout), env=sg.env)
 
 
-def hf_engine_settings(rollout: RolloutConfig, device: str, seed: int = 0) -> HFEngineSettings:
-    """The `hf` engine's settings from the rollout config (max_num_seqs unset: max_batch_size slots)."""
+def hf_engine_settings(rollout: RolloutConfig, device: str, seed: int = 0,
+                       kv_cache_bytes: int | None = None) -> HFEngineSettings:
+    """The `hf` engine's settings from the rollout config (max_num_seqs unset: max_batch_size slots;
+    kv_cache_bytes: a KV budget planned by the caller, instead of gpu_memory_utilization)."""
     return HFEngineSettings(
         device=device, dtype=rollout.dtype, seed=seed, max_num_seqs=rollout.max_num_seqs or rollout.max_batch_size,
         max_num_batched_tokens=rollout.max_num_batched_tokens, max_model_len=rollout.max_model_len,
         gpu_memory_utilization=rollout.gpu_memory_utilization, torch_compile=rollout.enable_torch_compile,
+        kv_cache_bytes=kv_cache_bytes,
     )  # fmt: skip
 
 
@@ -179,13 +183,15 @@ class RolloutParts:
 
 
 def build_rollout(cfg: RunConfig, model: Any = None, device: str | None = None, seed: int = 0,
-                  own_server: bool = False) -> RolloutParts:  # fmt: skip
-    """Engine (on `model`, default model.path), tokenizer, reward and agent loop from the whole config."""
+                  own_server: bool = False, kv_cache_bytes: int | None = None) -> RolloutParts:  # fmt: skip
+    """Engine (on `model`, default model.path), tokenizer, reward and agent loop from the whole config
+    (kv_cache_bytes: see `build_engine`)."""
     arr = cfg.actor_rollout_ref
     import_external_lib(arr.model)
     model = model if model is not None else resolve_model_path(arr.model.path)
     # gated, so that a trainer can pause generation between turns to swap weights (rollout/stream.py)
-    engine = PausableEngine(build_engine(arr.rollout, model, device or pick_device(cfg.trainer), seed, own_server))
+    engine = PausableEngine(build_engine(arr.rollout, model, device or pick_device(cfg.trainer), seed, own_server,
+                                         kv_cache_bytes))
     tokenizer = load_tokenizer(arr.model)
     reward_fn = build_reward(cfg.data, cfg.custom_reward_function)
     return RolloutParts(engine, tokenizer, build_agent_loop(arr.rollout, cfg.data, engine, tokenizer, reward_fn),

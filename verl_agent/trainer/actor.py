@@ -28,6 +28,7 @@ ratio 1 without a separate forward pass).
 
 from __future__ import annotations
 
+import ctypes
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -234,11 +235,13 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
     """
     sums: dict[str, float | Tensor] = defaultdict(float)
     is_stats = torch.zeros(4, dtype=torch.float64, device=device)  # see prepare.add_rollout_is_stats
+    widest = 0  # padded tokens of the largest micro-batch: what the memory plan budgets (trainer/memory.py)
     model.train()
     for _ in range(cfg.ppo_epochs):
         for mini in _chunks(seqs, n_minibatches):
             gtok, gseq = _global_counts(mini)
             for micro in micro_batches(mini, mb):
+                widest = max(widest, len(micro) * max((s.num_tokens for s in micro), default=0))
                 loss, m = _actor_loss(model, micro or [_DUMMY], cfg, temperature, device, gtok, gseq,
                                       loss_scale_factor, rollout_is, is_stats)
                 loss.backward()
@@ -249,9 +252,24 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
             sums["grad_norm"] += _clip_and_step(model, optimizer, cfg.grad_clip)
             sums["_steps"] += 1
     out = _finish(sums)
+    out["perf/max_micro_batch_tokens"] = float(widest)
+    if device.type == "cpu":
+        release_host_memory()
     if rollout_is is not None:
         out.update(rollout_is_metrics(is_stats, reduce_op))
     return out
+
+
+def release_host_memory() -> None:
+    """Give the C allocator's free pages back to the OS (glibc's malloc_trim; a no-op elsewhere).
+
+    glibc keeps the memory of freed small and medium blocks (the update's activations) for reuse, so without
+    this the process would carry the update's peak into the rollout, where the KV cache comes on top of it.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float, device: torch.device,

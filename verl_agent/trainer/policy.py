@@ -20,6 +20,7 @@ from verl_agent.trainer.actor import (
 )
 from verl_agent.trainer.batch import TrainSeq
 from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
+from verl_agent.trainer.memory import plan_memory
 from verl_agent.trainer.prepare import apply_rollout_correction, assign_advantages, filter_groups, log_prob_metrics
 
 if TYPE_CHECKING:
@@ -79,10 +80,12 @@ class Policy:
             rc = arr.ref.fsdp_config
             self.ref = shard(self._load(False, rc.param_offload).eval().requires_grad_(False), mesh, device.type,
                              rc.reshard_after_forward, rc.param_offload)
-        self.mb = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size_per_gpu)
-        self.mb_log_prob = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
+        # the micro-batch token budget and the engine's KV budget that fit this device (collective)
+        self.memory = plan_memory(cfg, self.actor, device, [m for m in (self.actor, self.ref) if m is not None])
+        self.mb = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens, a.ppo_micro_batch_size_per_gpu)
+        self.mb_log_prob = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens,
                                          arr.rollout.log_prob_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu)
-        self.mb_ref = MicroBatching(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
+        self.mb_ref = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens,
                                     arr.ref.log_prob_micro_batch_size_per_gpu or self.mb_log_prob.per_gpu)
         self.critic: torch.nn.Module | None = None
         if cfg.algorithm.adv_estimator == "gae":
@@ -111,6 +114,11 @@ class Policy:
         self.critic = shard(critic.to(self.device), self.mesh, self.device.type)
         self.critic_optim, self.critic_sched = self._optimizer(self.critic, c.optim)
         self.mb_critic = MicroBatching(self.mb.dynamic, self.mb.max_tokens, c.ppo_micro_batch_size_per_gpu)
+
+    def memory_plan_info(self) -> dict[str, int]:
+        """The planned micro-batch budget and the estimate behind it (reported by the worker's setup)."""
+        return {"max_tokens": self.memory.max_tokens, "peak_estimate": self.memory.peak.total,
+                "activations": self.memory.peak.activations}
 
     @property
     def num_parameters(self) -> int:

@@ -105,10 +105,12 @@ class RolloutHost:
     this process, so rollouts go on while the calling thread trains or answers Ray calls.
 
     `rank` offsets the engine's and the samples' seeds, so replicas never sample alike; `shards` is how many
-    replicas share each batch (see `engine_slots`).
+    replicas share each batch (see `engine_slots`). `kv_cache_bytes`: the hf engine's KV budget (the train
+    rank's `memory.plan_memory` on CPU), else the engine takes rollout.gpu_memory_utilization's share.
     """
 
-    def __init__(self, cfg: RunConfig, rank: int, model_path: str, device: torch.device, shards: int) -> None:
+    def __init__(self, cfg: RunConfig, rank: int, model_path: str, device: torch.device, shards: int,
+                 kv_cache_bytes: int | None = None) -> None:
         from verl_agent.rollout.build import build_rollout
         from verl_agent.trainer.fsdp import load_causal_lm
 
@@ -123,7 +125,8 @@ class RolloutHost:
         if arr.rollout.name == "hf":  # a plain (unsharded) replica of the policy in this process
             model = load_causal_lm(model_path, arr.rollout.dtype or arr.model.dtype,
                                    trust_remote_code=arr.model.trust_remote_code)
-        parts = build_rollout(cfg, model=model, device=str(device), seed=cfg.trainer.seed + rank, own_server=True)
+        parts = build_rollout(cfg, model=model, device=str(device), seed=cfg.trainer.seed + rank, own_server=True,
+                              kv_cache_bytes=kv_cache_bytes)
         self.engine, self.tokenizer, self.agent = parts.engine, parts.tokenizer, parts.agent
         self.reward_timer = self.agent.reward_fn = _TimedReward(parts.reward_fn) if parts.reward_fn else None
         self._reward_seconds = 0.0

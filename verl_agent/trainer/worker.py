@@ -91,14 +91,16 @@ class TrainWorker:
         self.model_path = resolve_model_path(arr.model.path)
         self.policy = Policy(cfg, self.rank, self.device, mesh, self.model_path)
         if cfg.trainer.placement == "colocated":
-            self.rollout = RolloutHost(cfg, self.rank, self.model_path, self.device, shards=self.world_size)
+            self.rollout = RolloutHost(cfg, self.rank, self.model_path, self.device, shards=self.world_size,
+                                       kv_cache_bytes=self.policy.memory.kv_cache_bytes)
         tokenizer = self.rollout.tokenizer if self.rollout is not None else load_tokenizer(arr.model)
         self.batch = StepBatch(cfg, tokenizer)
         self.weights = WeightSender(self.rank, self.device)
         self.profiler = RankProfiler(self.rank, self.device)
         return {"rank": self.rank, "device": str(self.device), "node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(), "memory": memory_key(self.device),
-                "num_parameters": self.policy.num_parameters, "pid": os.getpid()}
+                "num_parameters": self.policy.num_parameters, "pid": os.getpid(),
+                "memory_plan": self.policy.memory_plan_info()}
 
     # -- rollout -------------------------------------------------------------------------------
 
