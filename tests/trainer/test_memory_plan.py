@@ -149,3 +149,17 @@ def test_calculator_example_runs_within_its_estimate(ray_cluster, tiny_model_pat
         est += plan["peak_estimate"] - plan["activations"] * (1 - widest / plan["max_tokens"])
         measured += peaks.per_pid[w["pid"]]
     assert abs(est / measured - 1) <= 0.25, (measured / 2**30, est / 2**30)
+
+
+def test_trained_length_is_the_data_budget_and_a_sleeping_gpu_engine_leaves_the_update_its_weights():
+    """A step trains on at most prompt + response budget tokens (a slot may be longer); on a GPU a sleeping
+    engine has dropped its weights during the update, so they are not counted there (on CPU they are)."""
+    cfg = load_config(REPO / "examples/calculator/config.yaml", ["actor_rollout_ref.rollout.max_model_len=4096"])
+    config = type("Config", (), {"max_position_embeddings": 32768})()
+    assert memory.longest_sequence(cfg, config) == 4096
+    assert memory.longest_trained(cfg, config) == 256 + 96
+    inputs = dict(shape=None, kw={}, room=0, longest=4096, trained=352, engine_bytes=7, engine_transient=3,
+                  kv_full=0, kv_min=0, kv_share=0)
+    assert memory._engine_in_update(memory._Inputs(**inputs, engine_sleeps=True, drops_weights=True)) == 0
+    assert memory._engine_in_update(memory._Inputs(**inputs, engine_sleeps=True)) == 7
+    assert memory._engine_in_update(memory._Inputs(**inputs, engine_sleeps=False)) == 10

@@ -214,10 +214,16 @@ def _fusable_head(model: nn.Module) -> bool:
 
 
 def longest_sequence(cfg: Any, config: Any) -> int:
-    """Tokens of the longest sequence a step can train on: the engine's slot length (rollout.max_model_len,
-    default the model's limit, at most 4096), which bounds a whole multi-turn conversation."""
+    """Tokens of one engine slot (rollout.max_model_len, default the model's limit, at most 4096)."""
     limit = int(getattr(config, "max_position_embeddings", None) or 4096)
     return min(cfg.actor_rollout_ref.rollout.max_model_len or min(limit, 4096), limit)
+
+
+def longest_trained(cfg: Any, config: Any) -> int:
+    """Tokens of the longest sequence a step can train on: a whole conversation is at most
+    data.max_prompt_length + data.max_response_length (observations count against the response budget),
+    and at most one engine slot."""
+    return min(longest_sequence(cfg, config), cfg.data.max_prompt_length + cfg.data.max_response_length)
 
 
 @dataclass(frozen=True)
@@ -227,13 +233,15 @@ class _Inputs:
     shape: ModelShape
     kw: dict  # `estimate` keywords that do not depend on the micro-batch
     room: int
-    longest: int
+    longest: int  # tokens of one engine slot
+    trained: int  # tokens of the longest trained sequence
     engine_bytes: int  # the engine replica's weights
     engine_transient: int  # its working memory while it generates (`engine_working_bytes`)
     kv_full: int  # KV of every slot filled to its end
     kv_min: int  # KV of one slot of the longest length
     kv_share: int  # what rollout.gpu_memory_utilization gives the engine on this device
     engine_sleeps: bool  # the engine frees its KV while the actor trains
+    drops_weights: bool = False  # ... and its weights, whose memory the update may use (on a GPU)
 
 
 def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Module]) -> _Inputs:
@@ -265,7 +273,8 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
         kv_full, kv_min = slots * (longest + 1) * bpt, (longest + 1) * bpt
         kv_share = share_budget(engine, shape.vocab, slots, r.gpu_memory_utilization, device, sharers=local)
     sleeps = t.mode == "sync" and r.free_cache_engine
-    return _Inputs(shape, kw, now + int(free / local), longest, engine, working, kv_full, kv_min, kv_share, sleeps)
+    return _Inputs(shape, kw, now + int(free / local), longest, longest_trained(cfg, config), engine, working,
+                   kv_full, kv_min, kv_share, sleeps, drops_weights=sleeps and cuda)
 
 
 def engine_working_bytes(shape: ModelShape, slots: int, prefill_tokens: int, dtype: torch.dtype) -> int:
@@ -296,13 +305,17 @@ def _kv_budget(p: _Inputs) -> int:
     base = estimate(p.shape, 0, **p.kw)
     cap = p.room - (base.runtime + base.weights + base.optimizer + p.engine_bytes + p.engine_transient)
     if not p.engine_sleeps:
-        cap = min(cap, p.room - estimate(p.shape, p.longest, **p.kw, engine_bytes=_engine_in_update(p)).total)
+        cap = min(cap, p.room - estimate(p.shape, p.trained, **p.kw, engine_bytes=_engine_in_update(p)).total)
     return min(p.kv_share, cap, p.kv_full)
 
 
 def _engine_in_update(p: _Inputs) -> int:
-    """Engine bytes while the actor trains: its weights (a sleeping engine drops them too, but they come back at
-    the weight sync, before the update's memory is freed), and its working memory when it keeps generating."""
+    """Engine bytes while the actor trains: its weights, and its working memory when it keeps generating. On a
+    GPU a sleeping engine has dropped its weights and the caching allocator hands the update's freed blocks
+    to the weight sync, so none count (the rollout phase's check in `_kv_budget` counts them); on CPU the
+    host's allocator keeps the update's peak until it is trimmed, so the weights count."""
+    if p.drops_weights:
+        return 0
     return p.engine_bytes + (0 if p.engine_sleeps else p.engine_transient)
 
 
@@ -333,18 +346,18 @@ def plan_memory(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[n
     p = _inputs(cfg, actor, device, loaded or [actor])
     kv = _kv_budget(p)
     kv_in_update = 0 if p.engine_sleeps else kv
-    need_tokens = p.longest * (1 if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu)
+    need_tokens = p.trained * (1 if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu)
     fit = _largest_fit(p, kv_in_update, max(a.ppo_max_token_len_per_gpu, need_tokens)) if kv >= p.kv_min else -1
     fit = _agree_min(fit)  # every rank raises alike, or none does
     if fit < need_tokens:
         need = estimate(p.shape, need_tokens, **p.kw, engine_bytes=_engine_in_update(p), kv_bytes=max(kv_in_update, 0))
         if fit < 0:
-            raise _fail(f"the engine's KV cache for one sequence of {p.longest} tokens beside the actor", need,
+            raise _fail(f"the engine's KV cache for one slot of {p.longest} tokens beside the actor", need,
                         p.room, _SMALLER)
         if a.use_dynamic_bsz:
-            raise _fail(f"a micro-batch of one sequence of the longest length ({p.longest} tokens)", need, p.room,
+            raise _fail(f"a micro-batch of one sequence of the longest length ({p.trained} tokens)", need, p.room,
                         _SMALLER)
-        raise _fail(f"a micro-batch of {a.ppo_micro_batch_size_per_gpu} sequences of up to {p.longest} tokens",
+        raise _fail(f"a micro-batch of {a.ppo_micro_batch_size_per_gpu} sequences of up to {p.trained} tokens",
                     need, p.room, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
                     "actor_rollout_ref.actor.use_dynamic_bsz=true; or " + _SMALLER)
     tokens = min(fit, a.ppo_max_token_len_per_gpu) if a.use_dynamic_bsz else need_tokens
