@@ -6,7 +6,7 @@
 # that cannot run here; SGLang's plain-torch CPU path needs only the light runtime deps below
 # (see docs/sglang.md). Idempotent: a stamp file recording the pinned set makes reruns instant.
 #
-# Usage: scripts/setup_sglang.sh            (venv at $SGLANG_VENV, default /work/main/.venv-sglang)
+# Usage: scripts/setup_sglang.sh            (venv at $SGLANG_VENV, default .venv-sglang in the repository root)
 #        SGLANG_VENV=/some/dir scripts/setup_sglang.sh
 set -euo pipefail
 
