@@ -152,7 +152,8 @@ async def test_other_containers_processes_are_invisible(env):
     other = Box(env)
     try:
         await other.sh("sleep 4242 &")
-        attempt = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 4242'"
+        # the bracket keeps grep's own command line, racing the glob, from matching
+        attempt = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c '[s]leep 4242'"
         safe, weak = await both(env, _set("pid_mode", "host"), lambda b: b.sh(attempt))
     finally:
         other.close()
