@@ -33,12 +33,16 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RAM_TARGET, ESTIMATE_TARGET = 0.80, 0.25
 _GIB = 2**30
+SANDBOX_URL = "http://127.0.0.1:8080"  # the port the examples' tool configs name
 _OVERRIDDEN = {"trainer.total_training_steps", "trainer.test_freq", "data.val_files", "trainer.save_freq"}
 _GPU = re.compile(r"trainer\.device=cuda|n_gpus_per_node=[1-9]")
 _PLAN = re.compile(r"pid=(\d+).*memory plan: micro-batch budget (\d+) tokens.*estimated peak ([\d.]+) GiB"
@@ -51,6 +55,7 @@ class Command:
     source: str  # file:line
     argv: list[str]  # arguments of `verl-agent`
     cwd: Path
+    sandbox: bool = False  # its README starts a sandbox server first (`verl-agent sandbox serve`)
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
@@ -81,6 +86,7 @@ def discover(warm_start: str) -> list[Command]:
     seen, out = set(), []
     for path in files:
         cwd = REPO
+        sandbox = "verl-agent sandbox serve" in path.read_text()
         for lineno, line in _logical_lines(path.read_text()):
             if line.startswith("```") or not line:  # a `cd` holds until the end of its block
                 cwd = REPO
@@ -108,9 +114,9 @@ def discover(warm_start: str) -> list[Command]:
                 continue
             seen.add(key)
             rel = path.relative_to(REPO)
-            folder = Path(config).parent.name if config else "quickstart"
+            folder = Path(config).parent.name if config else "quickstart" if path.name == "README.md" else path.stem
             name = rel.parts[1] if rel.parts[0] == "examples" else folder
-            out.append(Command(name, f"{rel}:{lineno}", argv, cwd))
+            out.append(Command(name, f"{rel}:{lineno}", argv, cwd, sandbox))
     return out
 
 
@@ -180,9 +186,52 @@ def ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+@contextmanager
+def sandbox_server(wanted: bool, env: dict[str, str]) -> Iterator[None]:
+    """The sandbox server a README starts before its command (process backend, the documented port), measured
+    apart from the command's tree: it is a separate service, not part of the training run."""
+    if not wanted:
+        yield
+        return
+    server = subprocess.Popen([sys.executable, "-m", "verl_agent", "sandbox", "serve", "--backend", "process"],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{SANDBOX_URL}/v1/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError(f"the sandbox server did not answer on {SANDBOX_URL} within 60 s")
+        yield
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+# docs/environments.md's template names the user's own tasks; the bench gives it the terminal-task suite
+_STAND_INS = {"my-tasks/train": "examples/terminal_tasks/tasks/train",
+              "my-tasks/val": "examples/terminal_tasks/tasks/heldout",
+              "tools.yaml": "examples/terminal_tasks/tools.yaml"}
+
+
+def _cwd_with_stand_ins(cmd: Command, work: Path) -> Path:
+    """The command's folder, or, where it names placeholder paths that do not exist, a folder that has them."""
+    names = [n for n in _STAND_INS if any(n in a for a in cmd.argv) and not (cmd.cwd / n).exists()]
+    if not names:
+        return cmd.cwd
+    cwd = work / "cwd"
+    for n in names:
+        (cwd / n).parent.mkdir(parents=True, exist_ok=True)
+        (cwd / n).symlink_to(REPO / _STAND_INS[n])
+    return cwd
+
+
 def run(cmd: Command, steps: int, timeout: float) -> dict:
     """Run one command for `steps` steps; its peaks, the plans its ranks logged, and how it ended."""
     work = Path(tempfile.mkdtemp(prefix=f"bench_memory_{cmd.name}_"))
+    cwd = _cwd_with_stand_ins(cmd, work)
     extra = [f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "data.val_files=[]",
              "trainer.save_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={work}",
              "trainer.resume_mode=disable"]
@@ -191,8 +240,8 @@ def run(cmd: Command, steps: int, timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": ray_tmp}
     t0 = time.time()
     log = work / "output.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, cwd=cmd.cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    with open(log, "w") as out, sandbox_server(cmd.sandbox, env):
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
         with Peaks(proc.pid) as peaks:
             try:
                 rc = proc.wait(timeout=timeout)

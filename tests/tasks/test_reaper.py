@@ -135,3 +135,25 @@ def test_reap_removes_only_dead_owners_containers_running_or_stopped(count_task)
     finally:
         for c in client.containers.list(all=True, ignore_removed=True, filters={"label": f"{RUN_LABEL}={run}"}):
             c.remove(force=True)
+
+
+async def test_a_warm_container_that_died_is_replaced_not_handed_out(count_task):
+    """What a daemon restart does to a warm pool (every warm container stops, its shell's stream ends), done
+    to one container with `docker kill`: acquire skips it, removes it, and starts a working one."""
+    pool = ContainerPool(warm=1)
+    try:
+        task = load_task(count_task)
+        await pool.prewarm(task)
+        (dead,) = [b for q in pool._ready.values() for b in q]
+        pool.client.containers.get(dead.id).kill()
+        deadline = time.monotonic() + 10
+        while dead.shell.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        box = await pool.acquire(task)
+        assert box.id != dead.id and pool.stats["warm_dead"] == 1 and box.shell.alive()
+        assert (await box.shell.run("echo ok")).output.strip() == "ok"
+        await pool.release(box)
+    finally:
+        pool.close_sync()
+    mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
+    assert not pool.client.containers.list(all=True, ignore_removed=True, filters=mine)

@@ -257,9 +257,14 @@ class ContainerPool:
         if self.closed:
             raise ContainerError("the container pool is closed")
         spec = self.spec_for(task, await self.image_for(task))
-        with self._guard:
-            self._last_used[spec] = time.monotonic()
-            box = self._ready[spec].popleft() if self._ready[spec] else None
+        while True:  # a warm container whose shell ended (daemon restarted, container killed) is replaced
+            with self._guard:
+                self._last_used[spec] = time.monotonic()
+                box = self._ready[spec].popleft() if self._ready[spec] else None
+            if box is None or not self.shells or box.shell.alive():
+                break
+            self.stats["warm_dead"] += 1
+            self._remove_later(box)
         self._refill(spec, task.name)
         if box is not None:
             self.stats["warm_hits"] += 1

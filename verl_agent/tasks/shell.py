@@ -298,6 +298,19 @@ class Shell:
                 self._sock.close()
         self._sock, self._writer, self._reader = None, None, None
 
+    def alive(self) -> bool:
+        """False once the connection to bash has ended (the container, or the daemon, went away); no waiting."""
+        if self.closed or self._sock is None:
+            return False
+        if self._reader is not None:
+            return not self._reader.at_eof()
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
     def close(self) -> None:
         """Drop the connection (bash sees end of input and exits); the container is removed by its owner."""
         self.closed = True
