@@ -13,6 +13,12 @@ Rows:
   memory per idle    the container's cgroup memory plus its containerd-shim's RSS on the host
   left behind        task containers of this run still present after the pool closed
 
+    python bench/containers.py --daemon-restart    # root, and a dockerd this machine started (not systemd's)
+
+restarts the Docker daemon under a live pool (4 warm containers, 2 in use) and a trainer killed with SIGKILL
+(its 2 containers): rows for the first acquire after the restart, a bash call in it, and the task containers
+left on the daemon once the live pool closed and a new pool started (the reaper's start-up sweep).
+
 Prints a table and one JSON line.
 """
 
@@ -21,8 +27,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -213,9 +222,90 @@ def report(r: dict) -> dict:
     return out
 
 
+KILLED_TRAINER = """
+import asyncio, sys
+from verl_agent.tasks.pool import ContainerPool
+from verl_agent.tasks.task import load_task
+
+async def main():
+    pool = ContainerPool(warm=0)
+    boxes = [await pool.acquire(load_task(sys.argv[1])) for _ in range(2)]
+    print(pool.owner, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def restart_dockerd(timeout: float = 60.0) -> float:
+    """SIGTERM the running dockerd, start a new one as scripts/setup_docker.sh does; seconds until it answers."""
+    pid = int(subprocess.run(["pidof", "dockerd"], capture_output=True, text=True, check=True).stdout.split()[0])
+    t0 = time.perf_counter()
+    os.kill(pid, signal.SIGTERM)
+    while os.path.exists(f"/proc/{pid}") and time.perf_counter() - t0 < timeout:
+        time.sleep(0.1)
+    log = open(os.environ.get("DOCKERD_LOG", "/tmp/verl-agent-dockerd.log"), "a")
+    subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    while subprocess.run(["docker", "info"], capture_output=True).returncode:
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError(f"dockerd did not answer within {timeout} s of its restart")
+        time.sleep(0.2)
+    return time.perf_counter() - t0
+
+
+async def daemon_restart() -> dict:
+    root = Path(tempfile.mkdtemp(prefix="bench-containers-"))
+    task_dir = make_task(root)
+    task = load_task(task_dir)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    trainer = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, str(task_dir)], stdout=subprocess.PIPE,
+                               text=True, env=env)
+    trainer.stdout.readline()
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    pool = ContainerPool(warm=0)
+    res: dict = {}
+    try:
+        await pool.prewarm(task, 4)
+        in_use = [await pool.acquire(task) for _ in range(2)]
+        res["restart_s"] = restart_dockerd()
+        t0 = time.perf_counter()
+        box = await pool.acquire(task)
+        res["acquire_s"] = time.perf_counter() - t0
+        res["warm_dead"] = pool.stats["warm_dead"]
+        res["echo"] = (await box.shell.run("echo ok")).output.strip()
+        for b in [*in_use, box]:
+            await pool.release(b)
+    finally:
+        await pool.close()
+    ContainerPool(warm=0).close_sync()  # a new pool's start reaps the killed trainer's containers
+    res["left"] = len(pool.client.containers.list(all=True, ignore_removed=True,
+                                                  filters={"label": "verl-agent.tasks=1"}))
+    return res
+
+
+def report_restart(r: dict) -> dict:
+    rows = [("daemon restart (s)", f"{r['restart_s']:.1f}"),
+            ("first acquire after it (ms)", f"{1e3 * r['acquire_s']:.0f} ({r['warm_dead']} dead warm containers "
+                                            "skipped)"),
+            ("bash in it", r["echo"]),
+            ("task containers left (all runs)", str(r["left"]))]
+    w = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{w}}  {v}" for k, v in rows))
+    out = {"daemon_restart_s": round(r["restart_s"], 1), "acquire_after_restart_ms": round(1e3 * r["acquire_s"]),
+           "warm_dead": r["warm_dead"], "echo_after_restart": r["echo"], "containers_left_after_restart": r["left"]}
+    print(json.dumps(out))
+    return out
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cold", type=int, default=10)
     p.add_argument("--warm", type=int, default=20)
     p.add_argument("--trajectories", type=int, default=64)
-    report(asyncio.run(main(p.parse_args())))
+    p.add_argument("--daemon-restart", action="store_true", help="only the daemon-restart rows (see above)")
+    a = p.parse_args()
+    if a.daemon_restart:
+        report_restart(asyncio.run(daemon_restart()))
+    else:
+        report(asyncio.run(main(a)))
