@@ -33,7 +33,8 @@ def example_arguments(schema: JSONSchema) -> Any:
     if t == "object" or schema.properties:
         return {k: example_arguments(p) for k, p in (schema.properties or {}).items() if k in (schema.required or [])}
     if t == "array":
-        return [example_arguments(schema.items)] * max(1, schema.minItems or 0) if schema.items else []
+        items = schema.items if isinstance(schema.items, JSONSchema) else None
+        return [example_arguments(items)] * max(1, schema.minItems or 0) if items else []
     return {"string": "1", "integer": 1, "number": 1.0, "boolean": True, "null": None}.get(t or "string", "1")
 
 

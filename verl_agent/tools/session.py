@@ -181,6 +181,8 @@ class ToolSession:
             return self._fail(f'tool "{call.name}" timed out after {self.timeout:g} s', infra="tool_timeout")
         except asyncio.CancelledError:
             raise
+        except ToolArgumentError as e:  # the tool refused the arguments: the model's doing
+            return self._fail(str(e))
         except ToolUnavailable as e:
             logger.warning("tool %r unavailable (%s): %s", call.name, e.cause, e)
             return self._fail(f'tool "{call.name}" is unavailable: {e}', infra=e.cause)
