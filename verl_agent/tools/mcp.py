@@ -111,6 +111,14 @@ def _part_text(part: Any) -> str:
     return f"[{kind} content ({getattr(part, 'mime_type', 'unknown type')}) not shown]"
 
 
+def _require_sdk() -> None:
+    try:
+        from mcp import Client  # noqa: F401  (mcp 2's client API)
+    except ImportError:
+        raise ToolConfigError("MCP tools need the `mcp` package, version 2 or later: pip install "
+                              "'verl-agent[mcp]'") from None
+
+
 def _servers_file(path: Any, base_dir: Path | None) -> Path:
     if not isinstance(path, str) or not path:
         raise ToolConfigError("mcp.mcp_servers_config_path is required (the servers file, {\"mcpServers\": ...})")
@@ -142,6 +150,7 @@ def _check_blocks(config: dict[str, Any], block: Any) -> tuple[float, float, lis
 def build_mcp_tools(cls: type[MCPTool], config: dict[str, Any], block: Any,
                     base_dir: Path | None = None) -> list[MCPTool]:
     """Start the servers of the entry, list their tools and build one `cls` per (selected) tool."""
+    _require_sdk()
     timeout, rate, selected, per_trajectory = _check_blocks(config, block)
     path = _servers_file(block.get("mcp_servers_config_path"), base_dir)
     limiter = RateLimiter(rate)  # shared by every tool of the entry, as verl shares one per process
