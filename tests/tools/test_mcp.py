@@ -18,6 +18,7 @@ import uvicorn
 import yaml
 from model_helpers import call_text, sample, scripted_engine
 
+from verl_agent.cli import main
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.protocol import ToolCall
 from verl_agent.reward import load_reward_fn
@@ -186,9 +187,20 @@ def test_config_errors_name_the_file_entry_and_server(tmp_path, servers, mcp, fr
         load_tools(path)
 
 
-def test_selected_tools_must_exist(worker_tools, tmp_path):
-    with pytest.raises(ToolConfigError, match=r"tool_selected_list names \['tavily_search_tool'\], which no server"):
-        load_tools(write_config(tmp_path, {"demo": stdio_server()}, tool_selected_list=["add", "tavily_search_tool"]))
+def test_tools_list_prints_mcp_and_python_tools(http_url, tmp_path, capsys):
+    path = write_config(tmp_path, {"web": {"url": http_url, "headers": {"Authorization": "Bearer s3cret"}}},
+                        tool_selected_list=["distance"])
+    entries = yaml.safe_load(path.read_text())["tools"] + [{"class_name": "verl_agent.tools.calculator.CalculatorTool"}]
+    path.write_text(yaml.safe_dump({"tools": entries}))
+    assert main(["tools", "list", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"distance  [MCP server 'web' ({http_url})]" and out[1] == "  Distance of a point from the origin."
+    assert json.loads(out[2].removeprefix("  parameters: "))["$defs"]["Point"]["type"] == "object"
+    assert out[3] == "calculator  [verl_agent.tools.calculator.CalculatorTool]"
+    missing = write_config(tmp_path, {"web": {"url": http_url, "auth_token": "s3cret"}},
+                           tool_selected_list=["add", "tavily_search_tool"])
+    assert main(["tools", "list", str(missing)]) == 2
+    assert "tool_selected_list names ['tavily_search_tool'], which no server" in capsys.readouterr().err
 
 
 async def test_agent_loop_calls_an_mcp_tool_and_a_crash_ends_only_its_trajectory(worker_tools, chat_tokenizer,
