@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from verl_agent.tools.errors import ToolArgumentError, ToolConfigError, ToolUnavailable
 
-__all__ = ["START_TIMEOUT", "MCPServer", "MCPServerSpec", "RateLimiter", "load_servers", "on_mcp_loop", "run_on_mcp_loop"]
+__all__ = ["START_TIMEOUT", "MCPServer", "MCPServerSpec", "RateLimiter", "load_servers", "on_mcp_loop",
+           "run_on_mcp_loop"]
 
 _PAGES = 100  # tools/list pages read at most (a paginator that never ends cannot hang the start)
 START_TIMEOUT = 60.0  # seconds for a server to start and answer the handshake (a process may import a lot)
@@ -163,6 +164,13 @@ class RateLimiter:
             await asyncio.sleep((1 - self.tokens) / self.rate)
 
 
+def _leaf(e: BaseException) -> BaseException:
+    """The first real error inside the exception groups of anyio's task groups."""
+    while isinstance(getattr(e, "exceptions", None), tuple) and e.exceptions:  # type: ignore[attr-defined]
+        e = e.exceptions[0]  # type: ignore[attr-defined]
+    return e
+
+
 class _Connection:
     """One `mcp.Client`, entered and left by one owner task (the SDK's task groups require it)."""
 
@@ -218,7 +226,7 @@ class MCPServer:
         self.restarts = 0  # connections dropped after a crash or a hang (the next call starts a new one)
         self._conns: dict[str | None, _Connection] = {}  # key: the trajectory id, or None for the worker's
         self._users: dict[str, int] = {}  # tools of a trajectory that hold its connection
-        self._lock = asyncio.Lock()
+        self._starting: dict[str | None, asyncio.Lock] = {}  # one start at a time per key, keys in parallel
         self._closing: set[asyncio.Task] = set()
 
     async def list_tools(self) -> list[Any]:
@@ -241,12 +249,13 @@ class MCPServer:
         return trajectory if self.per_trajectory else None
 
     async def _connection(self, key: str | None) -> _Connection:
-        async with self._lock:
+        async with self._starting.setdefault(key, asyncio.Lock()):
             conn = self._conns.get(key)
             if conn is None:
                 try:
                     conn = await _Connection(self.spec).open(max(START_TIMEOUT, self.timeout))
                 except Exception as e:
+                    e = _leaf(e)
                     raise ToolUnavailable(f"MCP server {self.name!r} cannot be started or reached: "
                                           f"{type(e).__name__}: {e}", cause="mcp_server_unavailable") from e
                 self.starts += 1
@@ -281,6 +290,7 @@ class MCPServer:
         self._users.pop(trajectory, None)
         if self.per_trajectory:
             await self._drop(trajectory)
+            self._starting.pop(trajectory, None)
 
     async def call(self, trajectory: str, tool: str, arguments: dict[str, Any]) -> Any:
         """`tools/call` under the rate limit and the timeout; returns the SDK's CallToolResult."""
@@ -308,6 +318,7 @@ class MCPServer:
                                   cause="mcp_server_crashed") from e
         except Exception as e:  # the transport broke: a dead process, a refused HTTP connection
             await self._drop(key, conn)
+            e = _leaf(e)
             raise ToolUnavailable(f"MCP server {self.name!r} failed: {type(e).__name__}: {e} (it will be "
                                   f"restarted)", cause="mcp_server_crashed") from e
 
@@ -319,7 +330,8 @@ class MCPServer:
         except Exception:
             await self._drop(key, conn)
             raise ToolUnavailable(f"MCP server {self.name!r} hung: {tool!r} got no answer in {self.timeout:g} s "
-                                  f"and a tools/list none either (it will be restarted)", cause="mcp_server_hung") from None
+                                  "and a tools/list none either (it will be restarted)",
+                                  cause="mcp_server_hung") from None
         raise ToolUnavailable(f"MCP tool {tool!r} timed out after {self.timeout:g} s", cause="mcp_timeout")
 
     def connections(self) -> int:
