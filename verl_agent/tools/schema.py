@@ -15,12 +15,13 @@ the model, because the agent loop sends them back as the tool message.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from jsonschema.exceptions import ValidationError as JsonSchemaError
+from jsonschema.exceptions import best_match
 from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -101,11 +102,10 @@ class OpenAIFunctionParametersSchema(JSONSchema):
     @model_validator(mode="after")
     def _valid_json_schema(self) -> OpenAIFunctionParametersSchema:
         schema = self.to_dict()
-        try:
-            validator_for(schema, default=Draft202012Validator).check_schema(schema)
-        except SchemaError as e:
-            where = "/".join(str(p) for p in e.absolute_path) or "the top level"
-            raise ValueError(f"not a valid JSON Schema at {where}: {e.message}") from None
+        error = best_match(_meta_validator(validator_for(schema, default=Draft202012Validator)).iter_errors(schema))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "the top level"
+            raise ValueError(f"not a valid JSON Schema at {where}: {error.message}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,6 +151,12 @@ class OpenAIFunctionToolSchema(BaseModel):
         return {"type": "function", "function": fn}
 
 
+@functools.cache
+def _meta_validator(cls: Any) -> Any:
+    """The validator of a draft's meta-schema (what `check_schema` builds on every call), built once."""
+    return validator_for(cls.META_SCHEMA, default=cls)(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)
+
+
 def validate_arguments(parameters: JSONSchema, arguments: Any) -> dict[str, Any]:
     """Check `arguments` against `parameters` with `jsonschema` (every keyword of the schema's draft, 2020-12
     by default; formats that need no extra package are checked); return a copy with declared defaults filled
@@ -160,11 +166,12 @@ def validate_arguments(parameters: JSONSchema, arguments: Any) -> dict[str, Any]
     """
     if not isinstance(arguments, dict):
         raise ToolArgumentError(f"arguments must be a JSON object, got {_json_type(arguments)}")
-    schema = parameters.to_dict()
-    validator = parameters._validator
-    if validator is None:
+    if parameters._validator is None:
+        schema = parameters.to_dict()
         cls = validator_for(schema, default=Draft202012Validator)
-        validator = parameters._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+        parameters._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    validator = parameters._validator
+    schema = validator.schema
     errors = [msg for err in validator.iter_errors(arguments) for msg in _messages(err)]
     if errors:
         raise ToolArgumentError("; ".join(dict.fromkeys(errors)))

@@ -62,7 +62,7 @@ def _pydantic_ready(tp: Any) -> Any:
     generics and in other TypedDicts) as `typing_extensions.TypedDict` with the same keys."""
     if sys.version_info >= (3, 12):
         return tp
-    if typing.is_typeddict(tp) and not isinstance(tp, typing_extensions._TypedDictMeta):  # type: ignore[attr-defined]
+    if typing.is_typeddict(tp) and type(tp).__module__ == "typing":
         hints = typing.get_type_hints(tp, include_extras=True)
         required = getattr(tp, "__required_keys__", set(hints))
         fields = {k: _pydantic_ready(v) if k in required else typing_extensions.NotRequired[_pydantic_ready(v)]
