@@ -155,7 +155,7 @@ def build_mcp_tools(cls: type[MCPTool], config: dict[str, Any], block: Any,
     path = _servers_file(block.get("mcp_servers_config_path"), base_dir)
     limiter = RateLimiter(rate)  # shared by every tool of the entry, as verl shares one per process
     servers = [MCPServer(name, spec, timeout, limiter, per_trajectory) for name, spec in load_servers(path).items()]
-    listed = run_on_mcp_loop(_list_all(servers), START_TIMEOUT + timeout * 2 + 10)
+    listed = run_on_mcp_loop(_list_all(servers), START_TIMEOUT + 4 * max(timeout, 30.0))
     try:
         return _make_tools(cls, config, servers, listed, selected, path)
     except ToolConfigError:

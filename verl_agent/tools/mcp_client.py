@@ -235,7 +235,7 @@ class MCPServer:
         try:
             tools, cursor = [], None
             for _ in range(_PAGES):
-                page = await asyncio.wait_for(conn.client.list_tools(cursor=cursor), self.timeout)
+                page = await asyncio.wait_for(conn.client.list_tools(cursor=cursor), max(self.timeout, 30.0))
                 tools.extend(page.tools)
                 cursor = page.next_cursor
                 if cursor is None:
