@@ -161,11 +161,11 @@ async def test_http_server_with_a_token_and_verls_rate_limit(http_url, tmp_path)
     assert set(tools) == {"add", "pid"}
     async with ToolSession(tools, timeout=10) as s:
         assert int((await call(s, "pid")).text) == os.getpid()  # served by this process's uvicorn
-        start = time.monotonic()  # 1 call spent: 3 tokens left of 4, then 4 per second
+        start = time.monotonic()  # at most 4 tokens (one second's calls) in the bucket, then 4 per second
         results = await asyncio.gather(*(call(s, "add", a=i, b=1) for i in range(11)))
         elapsed = time.monotonic() - start
     assert [r.text for r in results] == [str(i + 1) for i in range(11)]
-    assert 1.8 <= elapsed < 4.0, elapsed  # (11 - 3) calls / 4 per second
+    assert 1.7 <= elapsed < 6.0, elapsed  # at least (11 - 4) calls / 4 per second
     await tools["add"].shutdown()
     bad = write_config(tmp_path, {"web": {"url": http_url, "auth_token": "wrong"}})
     with pytest.raises(ToolConfigError, match=r"MCP server 'web' .* cannot list its tools: .*"):

@@ -168,3 +168,10 @@ def test_a_schema_is_checked_against_its_meta_schema():
         OpenAIFunctionToolSchema.model_validate(bad)
     composed = {"function": {"name": "f", "parameters": {"allOf": [{"properties": {"a": {}}}], "required": ["a"]}}}
     assert OpenAIFunctionToolSchema.model_validate(composed).function.parameters.required == ["a"]
+    boolean = OpenAIFunctionToolSchema.model_validate(  # `true` / `false` are schemas as well
+        {"function": {"name": "f", "parameters": {"properties": {"any": True, "never": False}}}})
+    assert boolean.to_openai()["function"]["parameters"]["properties"] == {"any": True, "never": False}
+    p = boolean.function.parameters
+    assert validate_arguments(p, {"any": [1]}) == {"any": [1]}
+    with pytest.raises(ToolArgumentError, match='argument "never": is not allowed'):
+        validate_arguments(p, {"never": 1})

@@ -23,8 +23,10 @@ class ToolContractError(ToolError, AssertionError):
     """A tool breaks the BaseTool contract; the message says which rule."""
 
 
-def example_arguments(schema: JSONSchema) -> Any:
+def example_arguments(schema: JSONSchema | bool) -> Any:
     """A value that fits `schema` (defaults, first enum value, or a simple value of the type)."""
+    if isinstance(schema, bool):  # `true` takes anything
+        return "1"
     if "default" in schema.model_fields_set:
         return schema.default
     if schema.enum:

@@ -50,10 +50,10 @@ class JSONSchema(BaseModel):
     enum: list[Any] | None = None
     default: Any = None
     items: JSONSchema | bool | None = None
-    properties: dict[str, JSONSchema] | None = None
+    properties: dict[str, JSONSchema | bool] | None = None  # true/false are schemas too (any / nothing)
     required: list[str] | None = None
     additionalProperties: bool | JSONSchema | None = None
-    anyOf: list[JSONSchema] | None = None
+    anyOf: list[JSONSchema | bool] | None = None
     minimum: float | None = None
     maximum: float | None = None
     minLength: int | None = None
@@ -89,7 +89,7 @@ class OpenAIFunctionParametersSchema(JSONSchema):
     """The `parameters` object of a function: always a JSON Schema of type object."""
 
     type: str | list[str] | None = "object"
-    properties: dict[str, JSONSchema] | None = Field(default_factory=dict)
+    properties: dict[str, JSONSchema | bool] | None = Field(default_factory=dict)
     required: list[str] | None = Field(default_factory=list)
 
     @field_validator("type")
@@ -111,7 +111,8 @@ class OpenAIFunctionParametersSchema(JSONSchema):
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         out["type"] = "object"
-        out.setdefault("properties", {k: p.to_dict() for k, p in (self.properties or {}).items()})
+        out.setdefault("properties", {k: p if isinstance(p, bool) else p.to_dict()
+                                      for k, p in (self.properties or {}).items()})
         out.setdefault("required", list(self.required or []))
         return out
 
@@ -167,7 +168,7 @@ def validate_arguments(parameters: JSONSchema, arguments: Any) -> dict[str, Any]
     if not isinstance(arguments, dict):
         raise ToolArgumentError(f"arguments must be a JSON object, got {_json_type(arguments)}")
     if parameters._validator is None:
-        schema = parameters.to_dict()
+        schema = _false_as_not(parameters.to_dict())
         cls = validator_for(schema, default=Draft202012Validator)
         parameters._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     validator = parameters._validator
@@ -176,6 +177,18 @@ def validate_arguments(parameters: JSONSchema, arguments: Any) -> dict[str, Any]
     if errors:
         raise ToolArgumentError("; ".join(dict.fromkeys(errors)))
     return _fill(schema, copy.deepcopy(arguments), schema)
+
+
+def _false_as_not(node: Any) -> Any:
+    """A property schema `false` as `{"not": {}}`: the same meaning, and jsonschema then names the argument."""
+    if isinstance(node, list):
+        return [_false_as_not(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _false_as_not(v) for k, v in node.items() if k not in ("properties", "enum", "const", "default")}
+    if isinstance(node.get("properties"), dict):
+        out["properties"] = {k: {"not": {}} if v is False else _false_as_not(v) for k, v in node["properties"].items()}
+    return {**{k: node[k] for k in node if k in ("enum", "const", "default")}, **out}
 
 
 def _json_type(v: Any) -> str:
@@ -235,6 +248,7 @@ _SHORT: dict[str, Any] = {
     "pattern": lambda v, p: f"{v!r} does not match the pattern {p!r}",
     "format": lambda v, f: f"{v!r} is not a valid {f}",
     "anyOf": lambda v, _: f"{_json_type(v)} matches none of the allowed forms",
+    "not": lambda v, n: "is not allowed" if n == {} else f"{_json_type(v)} is of a form that is not allowed",
     "oneOf": lambda v, _: f"{_json_type(v)} matches none or more than one of the allowed forms",
 }
 
