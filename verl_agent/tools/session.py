@@ -15,10 +15,11 @@ Failure policy: whatever goes wrong in one call becomes a `ToolResult(ok=False,
 text="Error: ...")`; only cancellation propagates. What the model got wrong (unknown
 tool, arguments that are not JSON or do not fit the schema) is a policy failure the
 model sees next turn; so is a `ToolArgumentError` raised by `execute`. What failed on
-our side (an exception inside `execute`, a timeout, `ToolUnavailable`, a `create` that failed) also sets `ToolResult.infra` to
-a cause ("tool_crash", "tool_timeout", "tool_create_failed", or the exception's
-cause): the agent loop ends that trajectory as an infrastructure failure. Every created instance is released on exit, also after
-an exception or cancellation (release runs shielded).
+our side (an exception inside `execute`, a timeout, `ToolUnavailable`, a `create` that
+failed) also sets `ToolResult.infra` to a cause ("tool_crash", "tool_timeout",
+"tool_create_failed", or the exception's cause): the agent loop ends that trajectory as
+an infrastructure failure. Every created instance is released on exit, also after an
+exception or cancellation (release runs shielded).
 
 A timeout cancels the awaiting coroutine; work a tool pushed to a thread keeps
 running in that thread until it finishes (Python cannot kill threads).
