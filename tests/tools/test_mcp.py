@@ -197,6 +197,8 @@ def test_tools_list_prints_mcp_and_python_tools(http_url, tmp_path, capsys):
     assert out[0] == f"distance  [MCP server 'web' ({http_url})]" and out[1] == "  Distance of a point from the origin."
     assert json.loads(out[2].removeprefix("  parameters: "))["$defs"]["Point"]["type"] == "object"
     assert out[3] == "calculator  [verl_agent.tools.calculator.CalculatorTool]"
+    assert main(["tools", "list", "examples/calculator/config.yaml", "--json"]) == 0  # a run config's tools
+    assert [t["function"]["name"] for t in json.loads(capsys.readouterr().out)] == ["calculator"]
     missing = write_config(tmp_path, {"web": {"url": http_url, "auth_token": "s3cret"}},
                            tool_selected_list=["add", "tavily_search_tool"])
     assert main(["tools", "list", str(missing)]) == 2
