@@ -104,6 +104,10 @@ def test_any_of(params):
     assert validate_arguments(p, {"v": [1, 2]}) == {"v": [1, 2]}
     with pytest.raises(ToolArgumentError, match="matches none"):
         validate_arguments(p, {"v": "1"})
+    with pytest.raises(ToolArgumentError) as e:  # the form of the right type says what is wrong
+        validate_arguments(p, {"v": [1, "x"]})
+    assert str(e.value) == ('argument "v": array matches none of the allowed forms '
+                            '(closest: argument "v[1]": expected integer, got string)')
 
 
 @pytest.mark.parametrize(
@@ -153,7 +157,8 @@ def test_every_json_schema_keyword_is_checked_by_jsonschema():
         ({"guest": {"email": "a@b.org"}, "room": "b204"}, "argument \"room\": 'b204' does not match the pattern"),
         ({"guest": {"email": "a@b.org"}, "room": "B204", "kind": "motel"},
          "argument \"kind\": 'motel' is not the allowed value 'hotel'"),
-        ({"guest": {"email": "a@b.org"}, "room": "B204", "nights": 0}, 'argument "nights": integer matches none'),
+        ({"guest": {"email": "a@b.org"}, "room": "B204", "nights": 0},
+         'argument "nights": integer matches none of the allowed forms (closest: 0 is below the minimum 1)'),
         ({"guest": {"email": "a@b.org"}, "room": "B204", "extras": [1, 2, 3]},
          'argument "extras": allows at most 2 items, got 3'),
     ]:

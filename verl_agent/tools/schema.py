@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 from typing import Any, Literal
 
@@ -101,11 +102,9 @@ class OpenAIFunctionParametersSchema(JSONSchema):
 
     @model_validator(mode="after")
     def _valid_json_schema(self) -> OpenAIFunctionParametersSchema:
-        schema = self.to_dict()
-        error = best_match(_meta_validator(validator_for(schema, default=Draft202012Validator)).iter_errors(schema))
-        if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path) or "the top level"
-            raise ValueError(f"not a valid JSON Schema at {where}: {error.message}")
+        problem = _schema_problem(json.dumps(self.to_dict(), sort_keys=True, default=str))
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,6 +155,17 @@ class OpenAIFunctionToolSchema(BaseModel):
 def _meta_validator(cls: Any) -> Any:
     """The validator of a draft's meta-schema (what `check_schema` builds on every call), built once."""
     return validator_for(cls.META_SCHEMA, default=cls)(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_problem(text: str) -> str | None:
+    """Why a schema (as JSON text) breaks its draft's meta-schema, or None; a tool built again is checked once."""
+    schema = json.loads(text)
+    error = best_match(_meta_validator(validator_for(schema, default=Draft202012Validator)).iter_errors(schema))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "the top level"
+    return f"not a valid JSON Schema at {where}: {error.message}"
 
 
 def validate_arguments(parameters: JSONSchema, arguments: Any) -> dict[str, Any]:
@@ -232,7 +242,26 @@ def _messages(err: JsonSchemaError) -> list[str]:
         allowed = ", ".join(f'"{p}"' for p in props) or "none"
         extra = [k for k in v if k not in props and not any(re.search(p, k) for p in patterns)]
         return [f'unknown argument "{prefix}{k}" (allowed: {allowed})' for k in extra]
+    if kw in ("anyOf", "oneOf"):
+        return [f"{_where(path)}: {_alternatives(err)}"]
     return [f"{_where(path)}: {_SHORT[kw](v, val) if kw in _SHORT else err.message}"]
+
+
+def _alternatives(err: JsonSchemaError) -> str:
+    """anyOf/oneOf: none of the forms fits (with the closest form's problem), or, for oneOf, several do."""
+    if not err.context:
+        return f"{_json_type(err.instance)} matches more than one of the allowed forms (oneOf)"
+    branches: dict[Any, list[JsonSchemaError]] = {}
+    for sub in err.context:
+        branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+    # the closest form is one of the right type: its own problem says what to change
+    same_type = [e for es in branches.values() if not any(x.validator == "type" and not x.relative_path for x in es)
+                 for e in es]
+    closest = best_match(same_type) if same_type else None
+    detail = _messages(closest)[0] if closest is not None else ""
+    if closest is not None and list(closest.absolute_path) == list(err.absolute_path) and ": " in detail:
+        detail = detail.split(": ", 1)[1]  # the same argument: said once
+    return f"{_json_type(err.instance)} matches none of the allowed forms" + (f" (closest: {detail})" if detail else "")
 
 
 _SHORT: dict[str, Any] = {
@@ -247,9 +276,7 @@ _SHORT: dict[str, Any] = {
     "maxItems": lambda v, n: f"allows at most {n} items, got {len(v)}",
     "pattern": lambda v, p: f"{v!r} does not match the pattern {p!r}",
     "format": lambda v, f: f"{v!r} is not a valid {f}",
-    "anyOf": lambda v, _: f"{_json_type(v)} matches none of the allowed forms",
     "not": lambda v, n: "is not allowed" if n == {} else f"{_json_type(v)} is of a form that is not allowed",
-    "oneOf": lambda v, _: f"{_json_type(v)} matches none or more than one of the allowed forms",
 }
 
 
