@@ -178,6 +178,7 @@ async def test_http_server_with_a_token_and_verls_rate_limit(http_url, tmp_path)
     ({"s": {"command": "y", "trasport": "stdio"}}, {}, "server 's': trasport: Extra inputs are not permitted"),
     ({"s": {"command": "y"}}, {"server_scope": "step"}, "mcp.server_scope must be 'worker' or 'trajectory'"),
     ({"s": {"command": "y"}}, {"tool_list": ["a"]}, r"unknown mcp key\(s\) \['tool_list'\]"),
+    ({"s": {"command": "y", "disabled": True}}, {}, "every server is disabled"),
     ({"s": {"command": "/nonexistent/mcp-server"}}, {}, "MCP server 's' .*cannot list its tools: .*cannot be started"),
 ])
 def test_config_errors_name_the_file_entry_and_server(tmp_path, servers, mcp, fragment):

@@ -135,16 +135,21 @@ def _check_blocks(config: dict[str, Any], block: Any) -> tuple[float, float, lis
     for keys, got, name in ((CONFIG_KEYS, config, "config"), (MCP_KEYS, block, "mcp")):
         if set(got) - keys:
             raise ToolConfigError(f"unknown {name} key(s) {sorted(set(got) - keys)}; allowed: {sorted(keys)}")
-    timeout = float(config.get("timeout", 30))
-    if timeout <= 0:
-        raise ToolConfigError(f"config.timeout must be > 0 seconds, got {timeout}")
+    timeout, rate = _number(config, "timeout", 30.0), _number(config, "rate_limit", 10.0)
     selected = block.get("tool_selected_list")
     if selected is not None and not (isinstance(selected, list) and all(isinstance(s, str) for s in selected)):
         raise ToolConfigError(f"mcp.tool_selected_list must be a list of tool names, got {selected!r}")
     scope = block.get("server_scope", "worker")
     if scope not in ("worker", "trajectory"):
         raise ToolConfigError(f"mcp.server_scope must be 'worker' or 'trajectory', got {scope!r}")
-    return timeout, float(config.get("rate_limit", 10)), selected or None, scope == "trajectory"
+    return timeout, rate, selected or None, scope == "trajectory"
+
+
+def _number(config: dict[str, Any], key: str, default: float) -> float:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ToolConfigError(f"config.{key} must be a number > 0, got {value!r}")
+    return float(value)
 
 
 def build_mcp_tools(cls: type[MCPTool], config: dict[str, Any], block: Any,
@@ -155,12 +160,17 @@ def build_mcp_tools(cls: type[MCPTool], config: dict[str, Any], block: Any,
     path = _servers_file(block.get("mcp_servers_config_path"), base_dir)
     limiter = RateLimiter(rate)  # shared by every tool of the entry, as verl shares one per process
     servers = [MCPServer(name, spec, timeout, limiter, per_trajectory) for name, spec in load_servers(path).items()]
+    if not servers:
+        raise ToolConfigError(f"MCP servers file {path}: every server is disabled")
     listed = run_on_mcp_loop(_list_all(servers), START_TIMEOUT + 4 * max(timeout, 30.0))
     try:
-        return _make_tools(cls, config, servers, listed, selected, path)
-    except ToolConfigError:
+        tools = _make_tools(cls, config, servers, listed, selected, path)
+    except BaseException:
         run_on_mcp_loop(_shutdown_all(servers), 30)
         raise
+    used = {id(t.server) for t in tools}  # a server none of whose tools was selected is not kept running
+    run_on_mcp_loop(_shutdown_all([s for s in servers if id(s) not in used]), 30)
+    return tools
 
 
 def _make_tools(cls: type[MCPTool], config: dict[str, Any], servers: list[MCPServer], listed: list[Any],
@@ -182,6 +192,8 @@ def _make_tools(cls: type[MCPTool], config: dict[str, Any], servers: list[MCPSer
     if missing:
         raise ToolConfigError(f"mcp.tool_selected_list names {missing}, which no server of {path} offers "
                               f"(offered: {sorted(t.name for found in listed for t in found)})")
+    if not tools:
+        raise ToolConfigError(f"the servers of {path} offer no tools")
     return tools
 
 
