@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -71,6 +72,9 @@ class MCPServerSpec(BaseModel):
 
         if self.command is not None:
             return StdioServerParameters(command=self.command, args=self.args, env=self.env or None, cwd=self.cwd)
+        for name in ("httpx", "httpx2"):  # HTTP clients log every request at INFO: one line per tool call
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
         headers = dict(self.headers)
         if self.auth_token:
             headers["Authorization"] = f"Bearer {self.auth_token}"
