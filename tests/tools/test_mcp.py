@@ -128,31 +128,43 @@ async def test_one_process_per_worker_or_per_trajectory(worker_tools, tmp_path):
     assert server.connections() == 0  # closed at release
 
 
-@pytest.fixture(scope="module")
-def http_url():
-    """The test server over streamable HTTP on loopback, behind a bearer token."""
+def serve_http(port: int = 0, token: str | None = None) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """The test server over streamable HTTP on loopback (behind a bearer token, if given), on a thread."""
     from mcp_test_server import server
 
     app = server.streamable_http_app()
 
     async def guarded(scope, receive, send):
-        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != b"Bearer s3cret":
+        auth = dict(scope.get("headers") or []).get(b"authorization")
+        if token and scope["type"] == "http" and auth != f"Bearer {token}".encode():
             await send({"type": "http.response.start", "status": 401, "headers": []})
             await send({"type": "http.response.body", "body": b"unauthorized"})
             return
         await app(scope, receive, send)
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(guarded, host="127.0.0.1", port=port, log_level="warning"))
+    if not port:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(guarded, host="127.0.0.1", port=port, log_level="warning",
+                                       timeout_graceful_shutdown=0.5))  # a client's open event stream ends too
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     while not uv.started:
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/mcp"
+    return uv, thread, port
+
+
+def stop_http(uv: uvicorn.Server, thread: threading.Thread) -> None:
     uv.should_exit = True
     thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def http_url():
+    uv, thread, port = serve_http(token="s3cret")
+    yield f"http://127.0.0.1:{port}/mcp"
+    stop_http(uv, thread)
 
 
 async def test_http_server_with_a_token_and_verls_rate_limit(http_url, tmp_path):
@@ -170,6 +182,23 @@ async def test_http_server_with_a_token_and_verls_rate_limit(http_url, tmp_path)
     bad = write_config(tmp_path, {"web": {"url": http_url, "auth_token": "wrong"}})
     with pytest.raises(ToolConfigError, match=r"MCP server 'web' .* cannot list its tools: .*"):
         load_tools(bad)
+
+
+async def test_an_http_server_that_went_away_is_restarted(tmp_path):
+    uv, thread, port = serve_http()
+    tools = load_tools(write_config(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp", "type": "http"}},
+                                    tool_selected_list=["add"]))
+    async with ToolSession(tools, timeout=10) as s:
+        assert (await call(s, "add", a=1, b=1)).text == "2"
+        stop_http(uv, thread)
+        gone = await call(s, "add", a=1, b=1)
+        down = await call(s, "add", a=1, b=1)  # the restart finds nothing to connect to
+        uv, thread, _ = serve_http(port)
+        back = await call(s, "add", a=1, b=2)
+    stop_http(uv, thread)
+    assert (gone.infra, down.infra, back.text) == ("mcp_server_crashed", "mcp_server_unavailable", "3")
+    assert (tools["add"].server.restarts, tools["add"].server.starts) == (1, 2)
+    await tools["add"].shutdown()
 
 
 @pytest.mark.parametrize("servers, mcp, fragment", [
