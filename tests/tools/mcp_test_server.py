@@ -11,7 +11,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-server = MCPServer("verl-agent-test")
+server = MCPServer("verl-agent-test", log_level="WARNING")  # quiet: the tests read results, not logs
 
 
 class Point(BaseModel):
