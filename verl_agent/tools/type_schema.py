@@ -153,7 +153,9 @@ def _compact(node: Any) -> Any:
         out = {"type": [a["type"] for a in alts], **out}
     prefix = out.get("prefixItems")
     if isinstance(prefix, list) and prefix and "items" not in out and all(p == prefix[0] for p in prefix):
-        out["items"] = out.pop("prefixItems")[0]
+        first = {"items": out.pop("prefixItems")[0], "minItems": out.pop("minItems", None),
+                 "maxItems": out.pop("maxItems", None)}
+        out = {**{k: v for k, v in first.items() if v is not None}, **out}
     if "type" in out:
         out = {"type": out["type"], **{k: v for k, v in out.items() if k != "type"}}
     return out
