@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("argv", [[], ["train"], ["rollout"], ["model"], ["model", "build-tiny"], ["sandbox"],
-                                  ["sandbox", "serve"], ["config"], ["view"]])
+                                  ["sandbox", "serve"], ["config"], ["tools"], ["view"]])
 def test_help_at_every_level(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main([*argv, "--help"])

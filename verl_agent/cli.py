@@ -1,4 +1,4 @@
-"""`verl-agent` command line: train | rollout | model | sandbox | tasks | config | view.
+"""`verl-agent` command line: train | rollout | model | sandbox | tasks | config | tools | view.
 
 Each subcommand imports its machinery lazily so `--help` stays instant.
 """
@@ -66,6 +66,59 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tool_source(tool: object) -> str:
+    server = getattr(tool, "server", None)
+    if server is not None and hasattr(server, "spec"):  # an MCP tool
+        spec = server.spec
+        return f"MCP server {server.name!r} ({spec.url or ' '.join([spec.command or '', *spec.args])})"
+    fn = getattr(tool, "fn", None)
+    obj = fn if fn is not None else type(tool)
+    where = f"{obj.__module__}.{obj.__qualname__}"
+    if obj.__module__.startswith("_verl_agent_user_"):  # loaded from a file path: name the file
+        import inspect
+        import os
+
+        where = f"{os.path.relpath(inspect.getfile(obj))}:{obj.__qualname__}"
+    return f"@tool {where}" if fn is not None else where
+
+
+def _cmd_tools(args: argparse.Namespace) -> int:
+    """Every tool of a tool YAML, or of the run config that names one, with its schema."""
+    import asyncio
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from verl_agent.tools import load_tools
+
+    path, overrides = _split_config_arg(args)
+    data = yaml.safe_load(Path(path).read_text()) if path else None
+    if isinstance(data, dict) and "tools" in data and not overrides:  # a tool YAML itself
+        tool_yaml: str | None = path
+    else:
+        from verl_agent.config import load_config
+
+        tool_yaml = load_config(path, overrides).actor_rollout_ref.rollout.multi_turn.tool_config_path
+    tools = load_tools(tool_yaml)
+    try:
+        if args.json:
+            print(json.dumps([t.get_openai_tool_schema().to_openai() for t in tools.values()], indent=2))
+        for name, tool in tools.items() if not args.json else ():
+            fn = tool.get_openai_tool_schema().to_openai()["function"]
+            print(f"{name}  [{_tool_source(tool)}]")
+            if fn.get("description"):
+                print(f"  {fn['description']}")
+            print(f"  parameters: {json.dumps(fn['parameters'], ensure_ascii=False)}")
+        if not tools:
+            print(f"no tools ({tool_yaml or 'actor_rollout_ref.rollout.multi_turn.tool_config_path is not set'})",
+                  file=sys.stderr)
+    finally:
+        for tool in tools.values():  # MCP servers the listing started
+            asyncio.run(tool.shutdown())
+    return 0
+
+
 def _cmd_view(args: argparse.Namespace) -> int:
     from verl_agent.rollout.records import print_records
 
@@ -91,6 +144,17 @@ def _cmd_view(args: argparse.Namespace) -> int:
         print(f"verl-agent view: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _add_tools_cli(sub: argparse._SubParsersAction, fmt: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser("tools", help="list every tool of a config (YAML classes, @tool functions, MCP servers)",
+                       epilog=EPILOG_OVERRIDES, formatter_class=fmt,
+                       description="Load the tools of a tool YAML, or of a run config's multi_turn.tool_config_path "
+                       "(MCP servers are started and listed), and print each with its schema.")
+    p.add_argument("action", choices=["list"], help="list: every tool with its schema")
+    _add_config_args(p)
+    p.add_argument("--json", action="store_true", help="print the OpenAI tool schemas as one JSON list")
+    p.set_defaults(func=_cmd_tools)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["show", "keys"], help="show: resolved YAML; keys: every valid key")
     _add_config_args(p)
     p.set_defaults(func=_cmd_config)
+
+    _add_tools_cli(sub, fmt)
 
     p = sub.add_parser("view", help="print trajectory records, or browse a run in the browser (--serve/--html)")
     p.add_argument("path", help="a trajectories .jsonl file written by train/rollout (or, with --serve/--html, a run dir)")

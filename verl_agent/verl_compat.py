@@ -6,7 +6,7 @@ verl-agent never imports verl. A tool or interaction YAML written for verl names
 * a path in ``TOOL_ALIASES`` / ``INTERACTION_ALIASES`` becomes our equivalent (same ``config`` keys,
   same tool schema and reward semantics), also when verl happens to be installed: verl's own
   classes run their work on Ray actors of verl's rollout, which verl-agent does not start;
-* a path in ``UNSUPPORTED`` (MCP tools, image tools, ...) raises `VerlNotSupported`;
+* a path in ``UNSUPPORTED`` (image tools, ...) raises `VerlNotSupported`;
 * any other ``verl.*`` path is imported as is when verl is installed (a tool built on verl's
   BaseTool is adapted), and raises `VerlNotSupported` when it is not.
 
@@ -23,14 +23,14 @@ TOOL_ALIASES: dict[str, str] = {
     "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "verl_agent.tools.sandbox_fusion.SandboxFusionTool",
     "verl.tools.search_tool.SearchTool": "verl_agent.tools.retrieval.RetrievalSearchTool",
     "verl.tools.gsm8k_tool.Gsm8kTool": "verl_agent.tools.gsm8k.Gsm8kTool",
+    "verl.tools.mcp_base_tool.MCPBaseTool": "verl_agent.tools.mcp.MCPTool",
+    "verl.tools.mcp_search_tool.MCPSearchTool": "verl_agent.tools.mcp.MCPSearchTool",
 }
 INTERACTION_ALIASES: dict[str, str] = {
     "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "verl_agent.interactions.gsm8k.Gsm8kInteraction",
 }
 # verl classes with no equivalent yet, and what they would need.
 UNSUPPORTED: dict[str, str] = {
-    "verl.tools.mcp_base_tool.MCPBaseTool": "MCP tools (an MCP client session per server)",
-    "verl.tools.mcp_search_tool.MCPSearchTool": "MCP tools (an MCP client session per server)",
     "verl.tools.image_zoom_in_tool.ImageZoomInTool": "image tools (multi-modal tool responses)",
     "verl.tools.geo3k_tool.Geo3kTool": "the geo3k tool (a multi-modal geometry dataset)",
     "verl.interactions.weather_interaction.WeatherInteraction": "verl's weather demo interaction",

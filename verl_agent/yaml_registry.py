@@ -32,13 +32,15 @@ class Entry:
     class_name: str
     import_path: str  # class_name, or ours for verl's built-in class paths
     config: dict[str, Any]
+    base_dir: Path | None = None  # the YAML file's folder: relative paths in the entry resolve there
 
 
 @dataclass(frozen=True)
 class YamlRegistry(Generic[T]):
     """How one kind of object is built from its YAML section.
 
-    `make(obj, entry)` turns the imported object into a `T` with a ``name`` attribute; raising `error`
+    `make(obj, entry)` turns the imported object into a `T` with a ``name`` attribute (or a list of them: one
+    entry may stand for several, like the tools of an MCP server); raising `error`
     (message without the entry prefix) or any other exception is reported naming the file and entry.
     `check(entry)` runs before the unknown-key check, for refusals more specific than "unknown key".
     """
@@ -47,7 +49,7 @@ class YamlRegistry(Generic[T]):
     kind: str  # "tool" / "interaction": verl_compat's kind and the noun in errors
     keys: frozenset[str]
     error: type[Exception]
-    make: Callable[[Any, Entry], T]
+    make: Callable[[Any, Entry], T | list[T]]
     check: Callable[[Entry], None] | None = None
 
     def load(self, yaml_path: str | Path | None) -> dict[str, T]:
@@ -65,16 +67,17 @@ class YamlRegistry(Generic[T]):
         first: dict[str, int] = {}
         for i, raw in enumerate(entries):
             where = f"{source}: {self.section}[{i}]"
-            obj = self._build_one(raw, where, base_dir)
-            name = obj.name  # type: ignore[attr-defined]
-            if name in out:
-                raise self.error(f"{where}: duplicate {self.kind} name {name!r} "
-                                 f"(also defined by {self.section}[{first[name]}])")
-            out[name], first[name] = obj, i
+            built = self._build_one(raw, where, base_dir)
+            for obj in built if isinstance(built, list) else [built]:
+                name = obj.name  # type: ignore[attr-defined]
+                if name in out:
+                    raise self.error(f"{where}: duplicate {self.kind} name {name!r} "
+                                     f"(also defined by {self.section}[{first[name]}])")
+                out[name], first[name] = obj, i
         return out
 
-    def _build_one(self, raw: Any, where: str, base_dir: Path | None) -> T:
-        entry = self._entry(raw, where)
+    def _build_one(self, raw: Any, where: str, base_dir: Path | None) -> T | list[T]:
+        entry = self._entry(raw, where, base_dir)
         try:
             obj = import_object(entry.import_path, base_dir)
         except (ImportError, AttributeError) as e:
@@ -86,7 +89,7 @@ class YamlRegistry(Generic[T]):
         except Exception as e:  # the object's own constructor refused its config
             raise self.error(f"{entry.where}: cannot build the {self.kind}: {type(e).__name__}: {e}") from e
 
-    def _entry(self, raw: Any, where: str) -> Entry:
+    def _entry(self, raw: Any, where: str, base_dir: Path | None = None) -> Entry:
         if not isinstance(raw, Mapping):
             raise self.error(f"{where}: expected a mapping with 'class_name', got {type(raw).__name__}")
         class_name = raw.get("class_name")
@@ -100,7 +103,7 @@ class YamlRegistry(Generic[T]):
         config = raw.get("config") or {}
         if not isinstance(config, Mapping):
             raise self.error(f"{where}: 'config' must be a mapping, got {type(config).__name__}")
-        entry = Entry(where, raw, class_name, import_path, dict(config))
+        entry = Entry(where, raw, class_name, import_path, dict(config), base_dir)
         if self.check is not None:
             self.check(entry)
         unknown = set(raw) - self.keys

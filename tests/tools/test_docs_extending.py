@@ -1,6 +1,7 @@
 """docs/extending.md is run as written: files are created from titled blocks, untitled Python blocks executed."""
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -13,8 +14,10 @@ BLOCK = re.compile(r"```(\w+)(?: title=\"([^\"]+)\")?\n(.*?)```", re.S)
 
 def test_every_snippet_runs(tmp_path, monkeypatch):
     blocks = BLOCK.findall(DOC.read_text())
-    assert len(blocks) >= 8
+    assert len(blocks) >= 12
     monkeypatch.chdir(tmp_path)
+    # The MCP example starts `python weather_server.py`: the Python running the tests, with the mcp SDK.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     namespaces = []
     for lang, title, code in blocks:
         if title:

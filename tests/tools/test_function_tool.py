@@ -1,6 +1,9 @@
 """@tool: schemas from type hints and docstrings, sync/async execution, hidden parameters, errors at definition."""
 
+from __future__ import annotations
+
 import asyncio
+import datetime
 import enum
 import threading
 from dataclasses import dataclass
@@ -127,6 +130,47 @@ async def test_nested_arguments_arrive_as_their_types():
     assert (r.ok, r.text) == (True, "RED int 3")
 
 
+class Opaque:  # no fields pydantic can describe
+    pass
+
+
+class Tree(BaseModel):
+    """A tree."""
+
+    label: str
+    kids: list[Tree] = []
+
+
+class Stay(TypedDict, total=False):
+    nights: int
+
+
+async def test_pydantic_types_recursion_constraints_and_typed_arguments():
+    @tool
+    def plan(tree: Tree, when: datetime.date, stay: Stay, pts: list[Point], size: Annotated[int, Field(ge=1)] = 1,
+             pair: tuple[int, str] = (0, "a")) -> str:
+        """Plan."""
+        return f"{tree.kids[0].label} {when.year} {stay} {pts[0].x} {size} {pair!r}"
+
+    p = plan.get_openai_tool_schema().to_openai()["function"]["parameters"]
+    assert p["properties"]["tree"] == {"$ref": "#/$defs/Tree"}  # refers to itself: kept under $defs
+    assert p["$defs"]["Tree"]["properties"]["kids"]["items"] == {"$ref": "#/$defs/Tree"}
+    assert p["properties"]["when"] == {"type": "string", "format": "date"}
+    assert p["properties"]["stay"] == {"type": "object", "properties": {"nights": {"type": "integer"}}}
+    assert p["properties"]["pts"]["items"]["required"] == ["x"]  # a dataclass inlined, no "title"
+    assert p["properties"]["size"] == {"type": "integer", "minimum": 1, "default": 1}
+    assert p["properties"]["pair"]["prefixItems"] == [{"type": "integer"}, {"type": "string"}]
+    args = {"tree": {"label": "r", "kids": [{"label": "k"}]}, "when": "2024-05-01", "stay": {},
+            "pts": [{"x": 2.5}], "pair": [3, "b"]}
+    async with ToolSession({"plan": plan}, timeout=5) as s:
+        ok = await s.call(ToolCall("plan", args))
+        low = await s.call(ToolCall("plan", {**args, "size": 0}))
+        bad = await s.call(ToolCall("plan", {**args, "when": "May 1st"}))  # jsonschema checks format "date"
+    assert (ok.ok, ok.text) == (True, "k 2024 {} 2.5 1 (3, 'b')")
+    assert (low.ok, low.text) == (False, 'Error: argument "size": 0 is below the minimum 1')
+    assert (bad.ok, bad.infra, bad.text) == (False, None, "Error: argument \"when\": 'May 1st' is not a valid date")
+
+
 async def test_sync_functions_run_off_the_event_loop():
     seen = {}
 
@@ -188,7 +232,7 @@ def test_definition_errors_name_the_function():
         """Doc."""
         return x
 
-    def bad_type(x: set[bytes]) -> int:
+    def bad_type(x: set[Opaque]) -> int:
         """Doc."""
         return 0
 
@@ -200,7 +244,7 @@ def test_definition_errors_name_the_function():
         tool(no_doc)
     with pytest.raises(ToolConfigError, match=r"no_hint: parameter 'x' needs a type hint"):
         tool(no_hint)
-    with pytest.raises(ToolConfigError, match=r"bad_type: parameter 'x': type <class 'bytes'> has no JSON Schema"):
+    with pytest.raises(ToolConfigError, match=r"bad_type: parameter 'x': type set\[.*Opaque\] has no JSON Schema form"):
         tool(bad_type)
     with pytest.raises(ToolConfigError, match=r"default of 'x' is not JSON-serialisable"):
         tool(bad_default)

@@ -104,6 +104,10 @@ def test_any_of(params):
     assert validate_arguments(p, {"v": [1, 2]}) == {"v": [1, 2]}
     with pytest.raises(ToolArgumentError, match="matches none"):
         validate_arguments(p, {"v": "1"})
+    with pytest.raises(ToolArgumentError) as e:  # the form of the right type says what is wrong
+        validate_arguments(p, {"v": [1, "x"]})
+    assert str(e.value) == ('argument "v": array matches none of the allowed forms '
+                            '(closest: argument "v[1]": expected integer, got string)')
 
 
 @pytest.mark.parametrize(
@@ -120,3 +124,59 @@ def test_any_of(params):
 def test_schema_errors(bad, fragment):
     with pytest.raises(ValidationError, match=fragment):
         OpenAIFunctionToolSchema.model_validate(bad)
+
+
+FULL = {
+    "function": {
+        "name": "book",
+        "parameters": {
+            "$defs": {"Guest": {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
+                                                                  "plan": {"type": "string", "default": "basic"}},
+                                "required": ["email"]}},
+            "properties": {
+                "guest": {"$ref": "#/$defs/Guest"},
+                "room": {"type": "string", "pattern": "^[A-Z][0-9]{3}$"},
+                "kind": {"const": "hotel"},
+                "nights": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "enum": ["week"]}]},
+                "extras": {"allOf": [{"type": "array"}, {"maxItems": 2}], "default": []},
+            },
+            "required": ["guest", "room"],
+        },
+    }
+}
+
+
+def test_every_json_schema_keyword_is_checked_by_jsonschema():
+    p = OpenAIFunctionToolSchema.model_validate(FULL).function.parameters
+    ok = validate_arguments(p, {"guest": {"email": "a@b.org"}, "room": "B204", "kind": "hotel", "nights": 3})
+    assert ok == {"guest": {"email": "a@b.org", "plan": "basic"}, "room": "B204", "kind": "hotel", "nights": 3,
+                  "extras": []}  # defaults filled through the $ref as well
+    for args, message in [
+        ({"guest": {}, "room": "B204"}, 'missing required argument "guest.email"'),
+        ({"guest": {"email": "nope"}, "room": "B204"}, "argument \"guest.email\": 'nope' is not a valid email"),
+        ({"guest": {"email": "a@b.org"}, "room": "b204"}, "argument \"room\": 'b204' does not match the pattern"),
+        ({"guest": {"email": "a@b.org"}, "room": "B204", "kind": "motel"},
+         "argument \"kind\": 'motel' is not the allowed value 'hotel'"),
+        ({"guest": {"email": "a@b.org"}, "room": "B204", "nights": 0},
+         'argument "nights": integer matches none of the allowed forms (closest: 0 is below the minimum 1)'),
+        ({"guest": {"email": "a@b.org"}, "room": "B204", "extras": [1, 2, 3]},
+         'argument "extras": allows at most 2 items, got 3'),
+    ]:
+        with pytest.raises(ToolArgumentError) as e:
+            validate_arguments(p, args)
+        assert message in str(e.value), (args, str(e.value))
+
+
+def test_a_schema_is_checked_against_its_meta_schema():
+    bad = {"function": {"name": "f", "parameters": {"properties": {"a": {"type": "string", "minLength": -1}}}}}
+    with pytest.raises(ValidationError, match="not a valid JSON Schema at properties/a/minLength"):
+        OpenAIFunctionToolSchema.model_validate(bad)
+    composed = {"function": {"name": "f", "parameters": {"allOf": [{"properties": {"a": {}}}], "required": ["a"]}}}
+    assert OpenAIFunctionToolSchema.model_validate(composed).function.parameters.required == ["a"]
+    boolean = OpenAIFunctionToolSchema.model_validate(  # `true` / `false` are schemas as well
+        {"function": {"name": "f", "parameters": {"properties": {"any": True, "never": False}}}})
+    assert boolean.to_openai()["function"]["parameters"]["properties"] == {"any": True, "never": False}
+    p = boolean.function.parameters
+    assert validate_arguments(p, {"any": [1]}) == {"any": [1]}
+    with pytest.raises(ToolArgumentError, match='argument "never": is not allowed'):
+        validate_arguments(p, {"never": 1})

@@ -62,13 +62,11 @@ def test_rate_limit_counts_only_with_enable_global_rate_limit(tmp_path):
 
 
 @pytest.mark.parametrize("class_name, fragment", [
-    ("verl.tools.mcp_search_tool.MCPSearchTool", "MCP tools"),
-    ("verl.tools.mcp_base_tool.MCPBaseTool", "MCP tools"),
     ("verl.tools.image_zoom_in_tool.ImageZoomInTool", "image tools"),
     ("verl.tools.geo3k_tool.Geo3kTool", "geo3k"),
 ])
 def test_verl_tools_without_an_equivalent_are_refused_by_name_and_file(tmp_path, class_name, fragment):
-    text = MCP_TOOL_YAML.replace("verl.tools.mcp_search_tool.MCPSearchTool", class_name)
+    text = GSM8K_TOOL_YAML.replace("verl.tools.gsm8k_tool.Gsm8kTool", class_name)
     path = write(tmp_path, "tool_config.yaml", text)
     with pytest.raises(ToolConfigError) as err:
         load_tools(path)
@@ -84,10 +82,10 @@ def test_unknown_verl_paths_and_mcp_entries_are_refused(tmp_path):
         load_tools(path)
     ours = "verl_agent.tools.gsm8k.Gsm8kTool"
     mcp = write(tmp_path, "m.yaml", MCP_TOOL_YAML.replace("verl.tools.mcp_search_tool.MCPSearchTool", ours))
-    with pytest.raises(ToolConfigError, match=r"m.yaml: tools\[0\] .*MCP tools .* are not supported yet"):
+    with pytest.raises(ToolConfigError, match=r"m.yaml: tools\[0\] .*config.type: mcp needs an MCP tool class"):
         load_tools(mcp)
     odd = write(tmp_path, "o.yaml", GSM8K_TOOL_YAML.replace("type: native", "type: remote"))
-    with pytest.raises(ToolConfigError, match=r"o.yaml: tools\[0\] .*config.type must be 'native'.*'remote'"):
+    with pytest.raises(ToolConfigError, match=r"o.yaml: tools\[0\] .*config.type must be 'native' or 'mcp'.*'remote'"):
         load_tools(odd)
     weather = write(tmp_path, "i.yaml", GSM8K_INTERACTION_YAML.replace("gsm8k_interaction.Gsm8kInteraction",
                                                                        "weather_interaction.WeatherInteraction"))

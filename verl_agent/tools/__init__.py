@@ -2,6 +2,7 @@
 
 The sandbox code tool lives in verl_agent.tools.sandbox_fusion (imported lazily,
 it needs the sandbox client): `class_name: verl_agent.tools.sandbox_fusion.SandboxFusionTool`.
+MCP tools (verl_agent.tools.mcp, the optional `mcp` package) come from YAML entries with an `mcp:` block.
 """
 
 from verl_agent.tools.base import BaseTool, ToolResponse
@@ -45,9 +46,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> type:
-    # The sandbox code tool needs the sandbox client: import it only when asked for.
+    # The sandbox code tool needs the sandbox client, MCP tools their module: import them only when asked for.
     if name == "SandboxFusionTool":
         from verl_agent.tools.sandbox_fusion import SandboxFusionTool
 
         return SandboxFusionTool
+    if name in ("MCPTool", "MCPSearchTool"):
+        from verl_agent.tools import mcp
+
+        return getattr(mcp, name)
     raise AttributeError(f"module 'verl_agent.tools' has no attribute {name!r}")

@@ -23,8 +23,10 @@ class ToolContractError(ToolError, AssertionError):
     """A tool breaks the BaseTool contract; the message says which rule."""
 
 
-def example_arguments(schema: JSONSchema) -> Any:
+def example_arguments(schema: JSONSchema | bool) -> Any:
     """A value that fits `schema` (defaults, first enum value, or a simple value of the type)."""
+    if isinstance(schema, bool):  # `true` takes anything
+        return "1"
     if "default" in schema.model_fields_set:
         return schema.default
     if schema.enum:
@@ -33,7 +35,8 @@ def example_arguments(schema: JSONSchema) -> Any:
     if t == "object" or schema.properties:
         return {k: example_arguments(p) for k, p in (schema.properties or {}).items() if k in (schema.required or [])}
     if t == "array":
-        return [example_arguments(schema.items)] * max(1, schema.minItems or 0) if schema.items else []
+        items = schema.items if isinstance(schema.items, JSONSchema) else None
+        return [example_arguments(items)] * max(1, schema.minItems or 0) if items else []
     return {"string": "1", "integer": 1, "number": 1.0, "boolean": True, "null": None}.get(t or "string", "1")
 
 

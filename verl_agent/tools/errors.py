@@ -3,7 +3,8 @@
     ToolError                  base of everything below
     ├── ToolConfigError        load time: bad YAML, missing class, bad schema, duplicate name.
     │                          Also a ValueError. The message names the file and the entry.
-    ├── ToolArgumentError      call time: arguments the model produced do not match the schema.
+    ├── ToolArgumentError      call time: arguments the model produced do not match the schema
+    │                          (or a tool's `execute` refuses them, e.g. an MCP server's invalid-params).
     │                          The message is written for the model: ToolSession turns it into
     │                          the tool message "Error: <message>" (a policy failure: reward signal).
     └── ToolUnavailable        call time: the tool's own infrastructure failed (a sandbox that is down,

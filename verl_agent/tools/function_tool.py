@@ -21,8 +21,6 @@ hidden from the model and filled from the instance id / the dataset's
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import inspect
 import json
 import re
@@ -30,9 +28,11 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_agent.tools.base import BaseTool, ToolResponse
-from verl_agent.tools.errors import ToolConfigError
+from pydantic import TypeAdapter, ValidationError
+
+from verl_agent.tools.errors import ToolArgumentError, ToolConfigError
 from verl_agent.tools.schema import OpenAIFunctionToolSchema
-from verl_agent.tools.type_schema import annotation_to_schema
+from verl_agent.tools.type_schema import annotation_to_schema, type_adapter
 
 __all__ = ["FunctionTool", "tool", "function_schema"]
 
@@ -82,6 +82,7 @@ def function_schema(
     except Exception as e:  # a forward reference that cannot be resolved
         raise ToolConfigError(f"{where}: cannot resolve type hints: {e}") from e
     props: dict[str, Any] = {}
+    defs: dict[str, Any] = {}
     required: list[str] = []
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in exclude or p.name == "instance_id":
@@ -89,7 +90,7 @@ def function_schema(
         if p.name not in hints:
             raise ToolConfigError(f"{where}: parameter {p.name!r} needs a type hint")
         try:
-            schema = annotation_to_schema(hints[p.name])
+            schema = annotation_to_schema(hints[p.name], defs)
         except TypeError as e:
             raise ToolConfigError(f"{where}: parameter {p.name!r}: {e}") from e
         if p.name in arg_docs:
@@ -100,6 +101,8 @@ def function_schema(
             schema["default"] = _jsonable_default(p.default, where, p.name)
         props[p.name] = schema
     parameters = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+    if defs:  # types that refer to themselves
+        parameters["$defs"] = defs
     fn_block = {"name": name or fn.__name__, "description": description or summary, "parameters": parameters}
     try:
         return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": fn_block})
@@ -142,21 +145,15 @@ def _is_verl_triple(resp: Any, reward: Any, metrics: Any) -> bool:
     return isinstance(resp, (str, ToolResponse)) and number and (metrics is None or isinstance(metrics, dict))
 
 
-def _object_converters(fn: Callable[..., Any]) -> dict[str, Callable[[Any], Any]]:
-    """Parameters typed as a dataclass or pydantic model (dict -> instance) or an Enum (value -> member)."""
+def _converters(fn: Callable[..., Any], visible: list[str]) -> dict[str, TypeAdapter[Any]]:
+    """pydantic adapters that turn the model's JSON arguments into the annotated types (dataclasses, models,
+    Enums, tuples, ..., also nested); plain JSON types need none."""
     try:
         hints = inspect.get_annotations(fn, eval_str=True)
     except Exception:
         return {}
-    out: dict[str, Callable[[dict], Any]] = {}
-    for name, tp in hints.items():
-        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-            out[name] = lambda v, tp=tp: tp(**v) if isinstance(v, dict) else v
-        elif isinstance(tp, type) and hasattr(tp, "model_validate"):
-            out[name] = lambda v, tp=tp: tp.model_validate(v) if isinstance(v, dict) else v
-        elif isinstance(tp, type) and issubclass(tp, enum.Enum):
-            out[name] = lambda v, tp=tp: v if isinstance(v, tp) else tp(v)
-    return out
+    plain = (str, int, float, bool, list, dict, Any)
+    return {name: type_adapter(hints[name]) for name in visible if name in hints and hints[name] not in plain}
 
 
 class FunctionTool(BaseTool):
@@ -175,8 +172,8 @@ class FunctionTool(BaseTool):
         self.exclude = tuple(exclude)
         self._sig = inspect.signature(fn)
         self._accepts_any = any(p.kind == p.VAR_KEYWORD for p in self._sig.parameters.values())
-        self._converters = _object_converters(fn)
         super().__init__(config, tool_schema or function_schema(fn, name, description, self.exclude))
+        self._converters = _converters(fn, list(self.tool_schema.function.parameters.properties or {}))
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -194,9 +191,12 @@ class FunctionTool(BaseTool):
         for k, v in kwargs.items():  # execute_kwargs fill hidden parameters (or **kwargs)
             if k in self._sig.parameters or self._accepts_any:
                 call[k] = v
-        for k, convert in self._converters.items():  # dataclass / pydantic arguments arrive as dicts, Enums as values
-            if k in call:
-                call[k] = convert(call[k])
+        for k, adapter in self._converters.items():  # JSON values -> the annotated types
+            if k in parameters:
+                try:
+                    call[k] = adapter.validate_python(parameters[k])
+                except ValidationError as e:  # a constraint the JSON Schema cannot state (a validator, ...)
+                    raise ToolArgumentError(f'argument "{k}": {e.errors()[0]["msg"]}') from None
         if "instance_id" in self._sig.parameters:
             call["instance_id"] = instance_id
         if inspect.iscoroutinefunction(self.fn):

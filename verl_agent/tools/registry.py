@@ -10,10 +10,11 @@
       - class_name: tools/extra.py:lookup       # a file path (relative to this YAML) and a name
 
 verl's built-in class paths load unchanged (``verl.tools.gsm8k_tool.Gsm8kTool``,
-``verl.tools.search_tool.SearchTool``, ``verl.tools.sandbox_fusion_tools.SandboxFusionTool``):
-verl_agent.verl_compat maps them to ours; the ones we have no equivalent for (MCP, image tools)
-are refused with "not supported yet". ``config.type`` is verl's tool type: ``native`` (or absent);
-verl's ``mcp`` type is refused the same way.
+``verl.tools.search_tool.SearchTool``, ``verl.tools.sandbox_fusion_tools.SandboxFusionTool``,
+``verl.tools.mcp_base_tool.MCPBaseTool``, ...): verl_agent.verl_compat maps them to ours; the ones we
+have no equivalent for (image tools) are refused with "not supported yet". ``config.type`` is verl's
+tool type: ``native`` (or absent), or ``mcp`` with an ``mcp:`` block: one entry then gives every tool
+of its MCP servers (verl_agent.tools.mcp).
 
 Everything is checked at load time: a missing module or class, a bad schema, a
 duplicate tool name or an unknown key raises ToolConfigError naming the file and
@@ -39,15 +40,26 @@ __all__ = ["build_tools", "load_tools"]
 
 
 def _check_entry(entry: Entry) -> None:
-    """verl's tool types other than native (MCP) are refused by name, before the unknown-key check."""
+    """verl's tool types: native, or mcp with its 'mcp:' block (and no tool_schema: the servers give them)."""
     config_type = entry.config.get("type", "native")
-    if "mcp" in entry.fields or config_type == "mcp":
-        raise ToolConfigError(f"{entry.where}: verl's MCP tools ('mcp:', config.type: mcp) are not supported yet")
-    if config_type != "native":
-        raise ToolConfigError(f"{entry.where}: config.type must be 'native' (verl's tool type), got {config_type!r}")
+    if config_type == "mcp" or "mcp" in entry.fields:
+        if config_type != "mcp" or "mcp" not in entry.fields:
+            raise ToolConfigError(f"{entry.where}: MCP tools need both config.type: mcp and an 'mcp:' block")
+        if "tool_schema" in entry.fields:
+            raise ToolConfigError(f"{entry.where}: an MCP entry takes no tool_schema (its servers list the tools)")
+    elif config_type != "native":
+        raise ToolConfigError(f"{entry.where}: config.type must be 'native' or 'mcp' (verl's tool types), "
+                              f"got {config_type!r}")
 
 
-def _make_tool(obj: Any, entry: Entry) -> BaseTool:
+def _make_tool(obj: Any, entry: Entry) -> BaseTool | list[BaseTool]:
+    if entry.config.get("type") == "mcp":
+        from verl_agent.tools.mcp import MCPTool, build_mcp_tools  # needs the optional `mcp` package
+
+        if not (inspect.isclass(obj) and issubclass(obj, MCPTool)):
+            raise ToolConfigError(f"config.type: mcp needs an MCP tool class (verl_agent.tools.mcp.MCPTool or "
+                                  f"verl.tools.mcp_base_tool.MCPBaseTool), got {obj!r}")
+        return list(build_mcp_tools(obj, entry.config, entry.fields["mcp"], entry.base_dir))
     schema = entry.fields.get("tool_schema")
     try:
         schema = OpenAIFunctionToolSchema.model_validate(schema) if schema is not None else None
@@ -101,7 +113,7 @@ class _VerlToolAdapter(BaseTool):
 
 
 _TOOLS: YamlRegistry[BaseTool] = YamlRegistry(
-    section="tools", kind="tool", keys=frozenset({"class_name", "config", "tool_schema"}), error=ToolConfigError,
+    section="tools", kind="tool", keys=frozenset({"class_name", "config", "tool_schema", "mcp"}), error=ToolConfigError,
     make=_make_tool, check=_check_entry,
 )
 

@@ -14,11 +14,12 @@ verl_agent.tasks) find it under one key.
 Failure policy: whatever goes wrong in one call becomes a `ToolResult(ok=False,
 text="Error: ...")`; only cancellation propagates. What the model got wrong (unknown
 tool, arguments that are not JSON or do not fit the schema) is a policy failure the
-model sees next turn. What failed on our side (an exception inside `execute`, a
-timeout, `ToolUnavailable`, a `create` that failed) also sets `ToolResult.infra` to
-a cause ("tool_crash", "tool_timeout", "tool_create_failed", or the exception's
-cause): the agent loop ends that trajectory as an infrastructure failure. Every created instance is released on exit, also after
-an exception or cancellation (release runs shielded).
+model sees next turn; so is a `ToolArgumentError` raised by `execute`. What failed on
+our side (an exception inside `execute`, a timeout, `ToolUnavailable`, a `create` that
+failed) also sets `ToolResult.infra` to a cause ("tool_crash", "tool_timeout",
+"tool_create_failed", or the exception's cause): the agent loop ends that trajectory as
+an infrastructure failure. Every created instance is released on exit, also after an
+exception or cancellation (release runs shielded).
 
 A timeout cancels the awaiting coroutine; work a tool pushed to a thread keeps
 running in that thread until it finishes (Python cannot kill threads).
@@ -181,6 +182,8 @@ class ToolSession:
             return self._fail(f'tool "{call.name}" timed out after {self.timeout:g} s', infra="tool_timeout")
         except asyncio.CancelledError:
             raise
+        except ToolArgumentError as e:  # the tool refused the arguments: the model's doing
+            return self._fail(str(e))
         except ToolUnavailable as e:
             logger.warning("tool %r unavailable (%s): %s", call.name, e.cause, e)
             return self._fail(f'tool "{call.name}" is unavailable: {e}', infra=e.cause)
