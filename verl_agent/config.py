@@ -310,6 +310,14 @@ class GiGPOConfig(Section):
     step_weight: float = Field(1.0, ge=0, description="weight of the step-level advantage (turns of a group that "
                                "start from the same observation or interaction state key, compared by their "
                                "discounted returns); 0: the episode-level GRPO advantage alone")
+    episode_norm: Literal["trajectory", "step"] = Field(
+        "trajectory", description="the episode-level advantage's group mean and std: over the group's trajectories "
+        "(the paper's formula) or over its step rows, one per assistant turn with the trajectory's reward (the "
+        "authors' code's default: longer trajectories weigh more)")
+    singleton_group: Literal["verl", "zero"] = Field(
+        "verl", description="episode-level advantage of a group of one entry: verl's rule (mean 0, std 1: its "
+        "reward R; with episode_norm=step a lone trajectory of several turns gets 0, as in the authors' code), "
+        "or zero: 0 for every group of one trajectory")
 
 
 class AlgorithmConfig(Section):

@@ -39,6 +39,8 @@ class AdvantageInputs:
     turn_keys: list[list[Hashable]] | None = None  # per row, the anchor state of each turn (gigpo)
     step_weight: float = 1.0  # gigpo: weight of the step-level advantage
     timestep_unit: str = "token"  # gae: "token" or "turn"
+    episode_norm: str = "trajectory"  # gigpo: episode statistics over trajectories or over step (turn) rows
+    singleton_group: str = "verl"  # gigpo: episode advantage of a group of one trajectory ("verl" or "zero")
 
 
 AdvantageFn = Callable[[AdvantageInputs], "tuple[Tensor, Tensor]"]
