@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 # module level: FastAPI resolves the handler's string annotation (Request) in this module's globals
@@ -34,8 +35,10 @@ RUBRIC = "Task: {prompt}\nReference: {ground_truth}\nAnswer: {response}\nEnd wit
 class JudgeServer:
     """`with JudgeServer() as s:` serves on s.url (``http://127.0.0.1:PORT/v1``) from a thread of its own."""
 
-    def __init__(self, models: tuple[str, ...] = ("judge-model",)) -> None:
-        self.models = models
+    def __init__(self, models: tuple[str, ...] = ("judge-model",),
+                 grader: Callable[[str, int], str | int] | None = None) -> None:  # fmt: skip
+        """`grader(message, times seen)`: the answer text, or an HTTP status to fail with (default: `grade`)."""
+        self.models, self.grader = models, grader
         self.requests: list[dict[str, Any]] = []
         self.seen: Counter[str] = Counter()
         self.in_flight = self.max_in_flight = 0
@@ -101,7 +104,10 @@ class JudgeServer:
             return JSONResponse({"error": {"message": "client went away"}}, status_code=499)
         if "[slow]" in message:
             await asyncio.sleep(0.2)
-        return completion(grade(message))
+        answer = (self.grader or (lambda m, _: grade(m)))(message, self.seen[message])
+        if isinstance(answer, int):
+            return JSONResponse({"error": {"message": "grader says no"}}, status_code=answer)
+        return completion(answer)
 
 
 def grade(message: str) -> str:

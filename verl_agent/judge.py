@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -210,6 +211,8 @@ class Judge:
     def _start(self) -> None:
         import httpx
 
+        if logging.getLogger("httpx").level == logging.NOTSET:  # it logs every request at INFO: one per answer
+            logging.getLogger("httpx").setLevel(logging.WARNING)
         loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=loop.run_forever, name="judge-loop", daemon=True)
         self._thread.start()
