@@ -128,6 +128,25 @@ def test_score_parsing_and_bad_settings():
     assert pickle.loads(pickle.dumps(j)).render("p", "r") == j.render("p", "r")
 
 
+async def test_a_users_compute_score_can_call_the_judge(judge):
+    """The helper inside a user's scorer: its failures keep their cause (not reward_error), sync or async."""
+    def mixed(data_source, solution_str, ground_truth, extra_info=None):
+        exact = float(solution_str.strip() == str(ground_truth))
+        return 0.5 * exact + 0.5 * judge.score_sync(extra_info["prompt"], solution_str, ground_truth)
+
+    async def judged(data_source, solution_str, ground_truth, extra_info=None):
+        return {"score": await judge.score(extra_info["prompt"], solution_str, ground_truth)}
+
+    kw = {"data_source": "d", "ground_truth": 42, "extra_info": {"prompt": "What is 6 * 7?"}}
+    fn = load_reward_fn(mixed)
+    assert (await fn.acall(solution_str="42", **kw)).score == 1.0
+    assert (await fn.acall(solution_str="It is 42.", **kw)).score == 0.5
+    res = await load_reward_fn(judged).acall(solution_str="[garbage]", **kw)
+    assert (res.cause, res.score) == ("judge_unparsable", 0.0) and "no score" in res.error
+    res = await fn.acall(solution_str="[fail:400:1]", **kw)
+    assert res.cause == "judge_unavailable" and "HTTP 400" in res.error
+
+
 async def test_through_the_agent_loop_failures_are_infra_failures_by_cause(server, chat_tokenizer, rollout_cfg):
     server.reset()
     judge = Judge(server.url, "judge-model", scoring_prompt=RUBRIC, max_retries=0)

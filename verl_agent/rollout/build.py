@@ -145,12 +145,12 @@ def sglang_server_args(rollout: RolloutConfig) -> list[str]:
 
 
 def build_reward(data: DataConfig, custom: CustomRewardFunctionConfig,
-                 reward_model: RewardModelConfig | None = None) -> RewardFunction | None:  # fmt: skip
+                 reward_model: RewardModelConfig) -> RewardFunction | None:  # fmt: skip
     """The LLM judge with reward_model.enable, else data.reward_fn, else verl's custom_reward_function.{path,name},
     else None (tools/interaction score)."""
     from verl_agent.reward import load_reward_fn
 
-    if reward_model is not None and reward_model.enable:
+    if reward_model.enable:
         from verl_agent.judge import Judge
 
         j = reward_model.judge
