@@ -216,3 +216,18 @@ async def test_our_endpoint_serving_the_tiny_model_as_the_judge(tiny_model_path)
     finally:
         await endpoint.stop()
         await engine.close()
+
+
+def test_the_documented_config_loads(tmp_path):
+    """docs/training.md's reward_model example is a valid config, and its score_pattern is the default."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    block = re.search(r"```yaml\n(reward_model:\n.*?)```", doc, re.S).group(1)
+    (tmp_path / "c.yaml").write_text(block)
+    cfg = load_config(tmp_path / "c.yaml")
+    assert cfg.reward_model.enable and cfg.reward_model.judge.score_pattern == DEFAULT_SCORE_PATTERN
+    judge = Judge(cfg.reward_model.judge.api_base, cfg.reward_model.model.path,
+                  **cfg.reward_model.judge.model_dump(exclude={"api_base"}))
+    assert judge.render("P", "R", 7) == "Task: P\nReference answer: 7\nResponse: R\n" \
+        'Explain briefly, then end with "Score: N" (N from 0 to 10).\n'
