@@ -9,7 +9,7 @@ message choose a misbehaviour:
 - ``[fail:CODE:N]``: HTTP CODE (429 with ``Retry-After: 0.01``, or 5xx) the first N times this message
   comes, then a normal answer
 - ``[hang]``: no answer until the client disconnects (its timeout must end it); ``[slow]``: the answer
-  after 0.2 s
+  after 0.3 s
 
 It records every request (message, model, Authorization header) and the most requests in flight at once.
 """
@@ -103,7 +103,7 @@ class JudgeServer:
                 await asyncio.sleep(0.02)
             return JSONResponse({"error": {"message": "client went away"}}, status_code=499)
         if "[slow]" in message:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.3)
         answer = (self.grader or (lambda m, _: grade(m)))(message, self.seen[message])
         if isinstance(answer, int):
             return JSONResponse({"error": {"message": "grader says no"}}, status_code=answer)

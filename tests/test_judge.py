@@ -84,7 +84,7 @@ def test_unreachable_hung_and_unparsable_judges_are_failures_by_cause(server, ju
     with pytest.raises(JudgeError) as e:
         hung.score_sync("q", "[hang]")
     assert e.value.cause == "judge_unavailable" and "ReadTimeout" in str(e.value)
-    assert 0.6 <= time.monotonic() - t0 < 3 and server.seen[hung.render("q", "[hang]")] == 2
+    assert 0.6 <= time.monotonic() - t0 < 10 and server.seen[hung.render("q", "[hang]")] == 2
     hung.close()
     for response, why in [("[garbage]", "no score"), ("[score:11]", "outside score_range"), ("[score:-1]", "outside")]:
         with pytest.raises(JudgeError, match=why) as e:
@@ -102,7 +102,7 @@ async def test_concurrency_limit_and_identical_requests_share_one(server):
     t0 = time.monotonic()
     scores = await asyncio.gather(*(judge.score("q", f"[slow] {i}", ground_truth=i) for i in range(9)))
     assert scores == [1.0] * 9 and server.max_in_flight == 3
-    assert 0.6 <= time.monotonic() - t0 < 3  # 9 answers of 0.2 s, 3 at a time
+    assert 0.9 <= time.monotonic() - t0 < 10  # 9 answers of 0.3 s, 3 at a time
     server.reset()
     scores = await asyncio.gather(*(judge.score("q", "[slow] same", ground_truth="same") for _ in range(5)))
     assert scores == [1.0] * 5 and len(server.requests) == 1 and judge.stats["shared"] == 4

@@ -101,7 +101,8 @@ class JudgeConfig(Section):
                              "not connected")
     backoff: float = Field(0.5, ge=0, description="seconds before the first retry, doubling (at most 8); a "
                            "Retry-After header wins")
-    timeout: float = Field(60.0, gt=0, description="seconds per request attempt")
+    timeout: float = Field(60.0, gt=0, description="seconds an attempt may wait to connect, send, or for the next "
+                           "bytes of the answer before it is retried")
     max_tokens: int = Field(512, ge=1, description="the judge's answer budget")
     temperature: float = Field(0.0, ge=0)
     cache_size: int = Field(100_000, ge=0, description="scores cached per rollout worker, keyed by a hash of the "
