@@ -35,7 +35,7 @@ def _grader(message: str, seen: int) -> str | int:
 def test_one_training_step_with_the_judge_as_reward(ray_cluster, make_cfg, tmp_path):
     with JudgeServer(grader=_grader) as judge:
         cfg = make_cfg("data.reward_fn=null", "data.val_files=[]", "data.max_response_length=48",
-                       "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=1",
+                       "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=1", "trainer.num_cpu_workers=1",
                        "trainer.max_infra_failure_fraction=1.0", "reward_model.enable=true",
                        "reward_model.model.path=judge-model", f"reward_model.judge.api_base={judge.url}",
                        "reward_model.judge.backoff=0.01", run_dir=tmp_path / "run")
