@@ -165,15 +165,20 @@ async def test_through_the_agent_loop_failures_are_infra_failures_by_cause(serve
     judge.close()
 
 
-def test_configured_in_verls_reward_model_section(server):
+def test_configured_in_verls_reward_model_section(server, monkeypatch):
     server.reset()
+    monkeypatch.setenv("MY_JUDGE_KEY", "secret-1")
     base = ["reward_model.enable=true", "reward_model.model.path=judge-model", f"reward_model.judge.api_base={server.url}",
-            "reward_model.judge.max_concurrent=4", "reward_model.judge.score_range=[1,5]"]
+            "reward_model.judge.max_concurrent=4", "reward_model.judge.score_range=[1,5]",
+            "reward_model.judge.api_key_env=MY_JUDGE_KEY"]
     cfg = load_config(None, base)
+    assert "secret-1" not in str(cfg.model_dump())  # the key stays out of the config and its saved copy
     fn = build_reward(cfg.data, cfg.custom_reward_function, cfg.reward_model)
     assert isinstance(fn.fn, Judge) and fn.style == "verl" and fn.is_async
     assert (fn.fn.url, fn.fn.model, fn.fn.max_concurrent) == (server.url + "/chat/completions", "judge-model", 4)
     assert fn.fn.score_range == (1.0, 5.0) and fn.fn.max_retries == 3
+    res = fn(data_source="d", solution_str="[score:4]", ground_truth=1, extra_info={"prompt": "q"})
+    assert res.score == 0.75 and server.requests[-1]["authorization"] == "Bearer secret-1"  # (4 - 1) / (5 - 1)
     for bad, key in [(["reward_model.enable=true", "reward_model.model.path=m"], "reward_model.judge.api_base"),
                      (["reward_model.enable=true", "reward_model.judge.api_base=http://x/v1"], "reward_model.model.path"),
                      (["reward_model.judge.max_retries=5"], "only reward_model.enable=true uses it"),
@@ -227,7 +232,6 @@ def test_the_documented_config_loads(tmp_path):
     (tmp_path / "c.yaml").write_text(block)
     cfg = load_config(tmp_path / "c.yaml")
     assert cfg.reward_model.enable and cfg.reward_model.judge.score_pattern == DEFAULT_SCORE_PATTERN
-    judge = Judge(cfg.reward_model.judge.api_base, cfg.reward_model.model.path,
-                  **cfg.reward_model.judge.model_dump(exclude={"api_base"}))
+    judge = build_reward(cfg.data, cfg.custom_reward_function, cfg.reward_model).fn
     assert judge.render("P", "R", 7) == "Task: P\nReference answer: 7\nResponse: R\n" \
         'Explain briefly, then end with "Score: N" (N from 0 to 10).\n'

@@ -89,7 +89,9 @@ class JudgeConfig(Section):
 
     api_base: str | None = Field(None, description="the judge's OpenAI-compatible base URL, e.g. "
                                  "http://127.0.0.1:8000/v1 (requests go to <api_base>/chat/completions)")
-    api_key: str | None = Field(None, description="bearer token; null: $OPENAI_API_KEY when set, else none")
+    api_key_env: str | None = Field("OPENAI_API_KEY", description="the environment variable holding the bearer "
+                                    "token, read in each rollout worker (the key itself stays out of the config "
+                                    "and the run's saved copy); unset or null: no token")
     scoring_prompt: str = Field(DEFAULT_SCORING_PROMPT, description="the rubric sent as the user message; "
                                 "{prompt}, {response}, {ground_truth}, {data_source} are filled in")
     score_pattern: str = Field(DEFAULT_SCORE_PATTERN, description="regex whose last match's first group is the "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -154,7 +155,9 @@ def build_reward(data: DataConfig, custom: CustomRewardFunctionConfig,
         from verl_agent.judge import Judge
 
         j = reward_model.judge
-        judge = Judge(j.api_base, reward_model.model.path, **j.model_dump(exclude={"api_base"}))
+        key = os.environ.get(j.api_key_env, "") if j.api_key_env else ""
+        judge = Judge(j.api_base, reward_model.model.path, api_key=key,
+                      **j.model_dump(exclude={"api_base", "api_key_env"}))
         return load_reward_fn(judge)
     if data.reward_fn:
         return load_reward_fn(data.reward_fn)
