@@ -269,7 +269,7 @@ class Judge:
             except httpx.TransportError as e:
                 last = f"{type(e).__name__}: {e}"
             else:
-                if r.status_code == 200:
+                if r.is_success:
                     return _answer_text(r)
                 last = f"HTTP {r.status_code}: {r.text[:300]}"
                 if r.status_code != 429 and r.status_code < 500:
