@@ -142,6 +142,21 @@ def test_gigpo_singleton_groups_by_hand():
         _episode_part(["p"] * 3, singleton_group="score")
 
 
+def test_equal_rewards_in_a_group_give_exactly_zero():
+    """Group statistics in float64: sixteen rewards of 0.7 (not exact in binary) have mean exactly 0.7, so
+    GRPO gives 0, not float32 rounding noise divided by std + eps (about +-0.1). The same holds for a lone
+    trajectory of several turns under episode_norm=step (rows {0.7, 0.7, 0.7})."""
+    mask = torch.ones(16, 3)
+    adv, _ = compute_advantages("grpo", response_mask=mask, scores=torch.full((16,), 0.7), group_index=[0] * 16)
+    assert adv.abs().max().item() == 0.0
+    rewards = torch.zeros(1, 9)
+    rewards[0, 7] = 0.7
+    adv, _ = compute_advantages("gigpo", response_mask=torch.ones(1, 9), token_rewards=rewards, group_index=["p"],
+                                turn_index=torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2, 2]]), turn_keys=[["a", "b", "c"]],
+                                episode_norm="step")
+    assert adv.abs().max().item() == 0.0
+
+
 def test_gigpo_episode_options_reach_the_estimator_from_the_config():
     """Through assign_advantages: a (2 turns, 1.0), b (2 turns, 0.0), c (1 turn, 0.0); rows {1, 1, 0, 0, 0}:
     mean 0.4, deviations 0.6, 0.6, -0.4 x 3, squares sum 1.2, var 0.3."""
