@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from verl_agent.engine.settings import HFEngineSettings
+from verl_agent.judge import DEFAULT_SCORE_PATTERN, DEFAULT_SCORING_PROMPT, check_score_pattern, check_scoring_prompt
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "save_config", "all_keys"]
 
@@ -74,6 +75,66 @@ class CustomRewardFunctionConfig(Section):
 
     path: str | None = None
     name: str = "compute_score"
+
+
+class RewardModelModelConfig(Section):
+    """reward_model.model: verl's reward model; here the judge model's name."""
+
+    path: str | None = Field(None, description="the judge's model name, sent as `model` in each request (vLLM and "
+                             "SGLang serve a model under its path unless --served-model-name says otherwise)")
+
+
+class JudgeConfig(Section):
+    """reward_model.judge: the judge's endpoint, rubric, score format and request settings (verl_agent/judge.py)."""
+
+    api_base: str | None = Field(None, description="the judge's OpenAI-compatible base URL, e.g. "
+                                 "http://127.0.0.1:8000/v1 (requests go to <api_base>/chat/completions)")
+    api_key_env: str | None = Field("OPENAI_API_KEY", description="the environment variable holding the bearer "
+                                    "token, read in each rollout worker (the key itself stays out of the config "
+                                    "and the run's saved copy); unset or null: no token")
+    scoring_prompt: str = Field(DEFAULT_SCORING_PROMPT, description="the rubric sent as the user message; "
+                                "{prompt}, {response}, {ground_truth}, {data_source} are filled in")
+    score_pattern: str = Field(DEFAULT_SCORE_PATTERN, description="regex whose last match's first group is the "
+                               "score (default: a 'Score: N' line, '**Score:** N' or JSON \"score\": N)")
+    score_range: tuple[float, float] = Field((0.0, 10.0), description="[low, high] of the judge's scale; the "
+                                             "score is normalised to [0, 1] and one outside it is unparsable")
+    max_concurrent: int = Field(32, ge=1, description="judge requests in flight at once (per rollout worker)")
+    max_retries: int = Field(3, ge=0, description="retries of a request answered 429 or 5xx, timed out or "
+                             "not connected")
+    backoff: float = Field(0.5, ge=0, description="seconds before the first retry, doubling (at most 8); a "
+                           "Retry-After header wins")
+    timeout: float = Field(60.0, gt=0, description="seconds an attempt may wait to connect, send, or for the next "
+                           "bytes of the answer before it is retried")
+    max_tokens: int = Field(512, ge=1, description="the judge's answer budget")
+    temperature: float = Field(0.0, ge=0)
+    cache_size: int = Field(100_000, ge=0, description="scores cached per rollout worker, keyed by a hash of the "
+                            "model, settings and rendered rubric; 0: no cache")
+
+    @field_validator("scoring_prompt")
+    @classmethod
+    def _check_prompt(cls, v: str) -> str:
+        return check_scoring_prompt(v)
+
+    @field_validator("score_pattern")
+    @classmethod
+    def _check_pattern(cls, v: str) -> str:
+        check_score_pattern(v)
+        return v
+
+    @field_validator("score_range")
+    @classmethod
+    def _check_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not v[0] < v[1]:
+            raise ValueError(f"score_range must be [low, high] with low < high, got {list(v)}")
+        return v
+
+
+class RewardModelConfig(Section):
+    """verl's reward_model section: with enable=true an LLM judge gives the reward (verl_agent/judge.py)."""
+
+    enable: bool = Field(False, description="score every trajectory with the judge (instead of a reward function)")
+    model: RewardModelModelConfig = Field(default_factory=RewardModelModelConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
 
 
 # ---------------------------------------------------------------- model / actor
@@ -310,6 +371,14 @@ class GiGPOConfig(Section):
     step_weight: float = Field(1.0, ge=0, description="weight of the step-level advantage (turns of a group that "
                                "start from the same observation or interaction state key, compared by their "
                                "discounted returns); 0: the episode-level GRPO advantage alone")
+    episode_norm: Literal["trajectory", "step"] = Field(
+        "trajectory", description="the episode-level advantage's group mean and std: over the group's trajectories "
+        "(the paper's formula) or over its step rows, one per assistant turn with the trajectory's reward (the "
+        "authors' code's default: longer trajectories weigh more)")
+    singleton_group: Literal["verl", "zero"] = Field(
+        "verl", description="episode-level advantage of a group of one entry: verl's rule (mean 0, std 1: its "
+        "reward R; with episode_norm=step a lone trajectory of several turns gets 0, as in the authors' code), "
+        "or zero: 0 for every group of one trajectory")
 
 
 class AlgorithmConfig(Section):
@@ -409,6 +478,7 @@ class RunConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -438,7 +508,7 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
         if when:
             out.append((key, value, hint))
 
-    for step in (_refuse_modes, _refuse_placement, _refuse_verl_spellings, _refuse_fsdp_and_logger):
+    for step in (_refuse_modes, _refuse_placement, _refuse_verl_spellings, _refuse_fsdp_and_logger, _refuse_judge):
         step(c, refuse)
     return out
 
@@ -526,6 +596,23 @@ def _refuse_fsdp_and_logger(c: RunConfig, refuse: _Refuse) -> None:
                "FSDP2 offloads parameters, gradients and optimizer state together: set param_offload=true")
     refuse(bool(set(c.trainer.logger) - {"console", "tensorboard"}), "trainer.logger", c.trainer.logger,
            "supported loggers: console, tensorboard (metrics.jsonl is always written)")
+
+
+def _refuse_judge(c: RunConfig, refuse: _Refuse) -> None:
+    """reward_model: the judge needs its URL and model; its keys do nothing without enable; one reward source."""
+    rm = c.reward_model
+    refuse(not rm.enable and rm.judge != JudgeConfig(), "reward_model.judge", rm.judge.model_dump(exclude_defaults=True),
+           "only reward_model.enable=true uses it")
+    refuse(not rm.enable and rm.model.path is not None, "reward_model.model.path", rm.model.path,
+           "only reward_model.enable=true uses it (the judge's model name)")
+    refuse(rm.enable and not rm.judge.api_base, "reward_model.enable", True,
+           "set reward_model.judge.api_base to the judge's OpenAI-compatible URL (e.g. http://127.0.0.1:8000/v1)")
+    refuse(rm.enable and not rm.model.path, "reward_model.enable", True,
+           "set reward_model.model.path to the judge's model name")
+    own = c.data.reward_fn or c.custom_reward_function.path
+    refuse(rm.enable and bool(own), "reward_model.enable", True,
+           f"the judge gives the reward, and a reward function is set too ({own}): to mix the judge with your own "
+           "scoring, call verl_agent.judge.Judge from your compute_score and leave reward_model.enable=false")
 
 
 # ---------------------------------------------------------------- loading

@@ -33,7 +33,8 @@ StopReason = Literal[
 #                    tool_error (the agent's call or code failed), budget_exhausted
 #   infra_failure    something outside the model failed; never becomes reward: left out of the loss,
 #                    counted per cause. Causes: engine_error, tool_crash, tool_timeout, tool_unavailable,
-#                    sandbox_unavailable, reward_error, interaction_error, prompt_too_long, agent_loop_error
+#                    sandbox_unavailable, reward_error, judge_unavailable, judge_unparsable, interaction_error,
+#                    prompt_too_long, agent_loop_error
 #   filtered         dropped on purpose before generation (data.filter_overlong_prompts); not trained on
 Outcome = Literal["ok", "policy_failure", "infra_failure", "filtered"]
 OUTCOMES: tuple[str, ...] = ("ok", "policy_failure", "infra_failure", "filtered")

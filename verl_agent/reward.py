@@ -13,7 +13,12 @@ so turn-level estimators (``grpo_turn``, ``gigpo``) credit each turn with its ow
 ``"score"`` may be such a list too.
 
 A scorer that raises or returns something that is not a number never crashes the run: the sample gets
-score 0.0 and `RewardResult.error` says what went wrong (the trainer counts and logs these).
+score 0.0 and `RewardResult.error` says what went wrong (the trainer counts and logs these). An exception
+with a string ``cause`` attribute (e.g. `judge.JudgeError`: judge_unavailable, judge_unparsable) names
+the cause it is counted under (`RewardResult.cause`; reward_error otherwise).
+
+An ``async`` scorer is awaited on the caller's event loop by `RewardFunction.acall` (the agent loop's
+way, as verl's reward loop awaits an async ``compute_score``); a plain one runs in a worker thread.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class RewardResult:
     info: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     turn_scores: list[float] | None = None  # one per assistant turn when the function returned a list
+    cause: str | None = None  # the failure's cause when the scorer's exception names one (else reward_error)
 
 
 def _import_callable(spec: str) -> Callable[..., Any]:
@@ -85,22 +91,48 @@ class RewardFunction:
                 "or (data_source, solution_str, ground_truth, extra_info=None)"
             )
 
+    @property
+    def is_async(self) -> bool:
+        """The scorer is a coroutine function (or an object whose ``__call__`` is one)."""
+        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(getattr(self.fn, "__call__", None))
+
     def __call__(
         self, *, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
     ) -> RewardResult:
         """Score one answer. Runs in a worker thread (no event loop there), so an async scorer is awaited here."""
         try:
-            if self.style == "seed":
-                raw = self.fn(solution_str, ground_truth)
-            else:
-                given = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth,
-                         "extra_info": extra_info or {}}
-                raw = self.fn(**{k: v for k, v in given.items() if k in self._args})
+            raw = self._invoke(data_source, solution_str, ground_truth, extra_info)
             if inspect.isawaitable(raw):
                 raw = asyncio.run(_awaited(raw))
         except Exception as e:  # a user's scorer must not kill the run; the error is reported per sample
-            return RewardResult(0.0, error=f"{self.spec} raised {type(e).__name__}: {e}")
+            return self._failed(e)
         return self._normalise(raw)
+
+    async def acall(
+        self, *, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+    ) -> RewardResult:
+        """Score one answer from async code: an async scorer on this loop, a plain one in a worker thread."""
+        kw = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth,
+              "extra_info": extra_info}
+        if not self.is_async:
+            return await asyncio.to_thread(self, **kw)
+        try:
+            raw = await self._invoke(data_source, solution_str, ground_truth, extra_info)
+        except Exception as e:  # as in __call__
+            return self._failed(e)
+        return self._normalise(raw)
+
+    def _invoke(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None) -> Any:
+        if self.style == "seed":
+            return self.fn(solution_str, ground_truth)
+        given = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth,
+                 "extra_info": extra_info or {}}
+        return self.fn(**{k: v for k, v in given.items() if k in self._args})
+
+    def _failed(self, e: Exception) -> RewardResult:
+        cause = getattr(e, "cause", None)
+        return RewardResult(0.0, error=f"{self.spec} raised {type(e).__name__}: {e}",
+                            cause=cause if isinstance(cause, str) and cause else None)
 
     def _normalise(self, raw: Any) -> RewardResult:
         info: dict[str, float] = {}

@@ -58,7 +58,8 @@ async def rollout(cfg: RunConfig, engine: Any, tokenizer: Any, samples: list[Sam
                   sampling: SamplingParams | None = None) -> tuple[RolloutBatch, Any]:
     """Run the example's agent loop (its tools, interactions and reward) on `engine`; returns (batch, loop)."""
     r = cfg.actor_rollout_ref.rollout
-    loop = build_agent_loop(r, cfg.data, engine, tokenizer, build_reward(cfg.data, cfg.custom_reward_function))
+    reward = build_reward(cfg.data, cfg.custom_reward_function, cfg.reward_model)
+    loop = build_agent_loop(r, cfg.data, engine, tokenizer, reward)
     sampling = sampling or SamplingParams(temperature=1.0, max_new_tokens=256, seed=0)
     return await loop.run(samples, n, sampling), loop
 

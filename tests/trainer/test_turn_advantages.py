@@ -92,6 +92,90 @@ def test_gigpo_by_hand():
     assert float(adv[0, 3]) == pytest.approx(float(adv[0, 0]) / 1.5 * 1.0, abs=1e-5)  # A1: episode part only
 
 
+def _episode_part(group_index, **kw) -> list[float]:
+    """Each row's gigpo advantage with step_weight 0 (the episode part alone), read at its first token."""
+    adv, _ = compute_advantages("gigpo", response_mask=MASK, token_rewards=REWARDS, group_index=group_index,
+                                turn_index=TIDX, turn_keys=[["x", "y"], ["x", "z"], ["x"]], step_weight=0.0, **kw)
+    return adv[:, 0].tolist()
+
+
+def test_gigpo_episode_norm_step_by_hand():
+    """The authors' code's default: one row per turn, each with its trajectory's reward (A 2 turns 1.5,
+    B 2 turns 0.0, C 1 turn 1.0) -> rows {1.5, 1.5, 0, 0, 1.0}: mean 0.8, deviations 0.7, 0.7, -0.8, -0.8, 0.2,
+    squares sum 2.3, unbiased var 2.3 / 4 = 0.575, std 0.7582875."""
+    step = _episode_part(["p"] * 3, episode_norm="step")
+    assert step == pytest.approx([0.7 / 0.7582875, -0.8 / 0.7582875, 0.2 / 0.7582875], abs=1e-5)
+    assert step == pytest.approx([0.9231325, -1.0550086, 0.2637522], abs=1e-5)
+    # the paper's per-trajectory formula (today's default): {1.5, 0, 1.0}, mean 5/6, var 7/12
+    sd = math.sqrt(7 / 12)
+    assert _episode_part(["p"] * 3) == pytest.approx([(2 / 3) / sd, (-5 / 6) / sd, (1 / 6) / sd], abs=1e-5)
+    # without std (the reference's mean_norm): the deviations from the row mean 0.8
+    assert _episode_part(["p"] * 3, episode_norm="step", norm_adv_by_std_in_grpo=False) == pytest.approx(
+        [0.7, -0.8, 0.2], abs=1e-6)
+    # the step part is added on top as before: A1 and B1 share a state here (step group {1.0, 0.0})
+    adv, _ = compute_advantages("gigpo", response_mask=MASK, token_rewards=REWARDS, group_index=["p"] * 3,
+                                turn_index=TIDX, turn_keys=[["x", "s"], ["x", "s"], ["x"]], step_weight=0.5,
+                                episode_norm="step")
+    assert float(adv[0, 3]) == pytest.approx(0.9231325 + 0.5 * math.sqrt(0.5), abs=1e-5)
+
+
+def test_gigpo_singleton_groups_by_hand():
+    """A alone in its group (2 turns, reward 1.5), {B, C} together; then C alone (1 turn, reward 1.0)."""
+    # verl's rule on one entry: R. In step mode A has 2 equal rows: (1.5 - 1.5) / (0 + eps) = 0, as in the
+    # reference code; {B, C} rows {0, 0, 1.0}: mean 1/3, var (1/9 + 1/9 + 4/9) / 2 = 1/3
+    s3 = math.sqrt(1 / 3)
+    assert _episode_part(["a", "bc", "bc"]) == pytest.approx([1.5, -math.sqrt(0.5), math.sqrt(0.5)], abs=1e-5)
+    assert _episode_part(["a", "bc", "bc"], episode_norm="step") == pytest.approx(
+        [0.0, (-1 / 3) / s3, (2 / 3) / s3], abs=1e-5)
+    assert _episode_part(["a", "bc", "bc"], singleton_group="zero") == pytest.approx(
+        [0.0, -math.sqrt(0.5), math.sqrt(0.5)], abs=1e-5)
+    # C alone with one turn: one row in either mode, so verl's rule gives R = 1.0 (the reference too); zero: 0
+    # {A, B}: trajectories {1.5, 0}: +-sqrt(1/2); step rows {1.5, 1.5, 0, 0}: mean 0.75, var 0.75
+    r2, sv = math.sqrt(0.5), 0.75 / math.sqrt(0.75)
+    assert _episode_part(["ab", "ab", "c"]) == pytest.approx([r2, -r2, 1.0], abs=1e-5)
+    assert _episode_part(["ab", "ab", "c"], episode_norm="step") == pytest.approx([sv, -sv, 1.0], abs=1e-5)
+    for norm in ("trajectory", "step"):
+        assert _episode_part(["ab", "ab", "c"], episode_norm=norm, singleton_group="zero")[2] == 0.0
+    with pytest.raises(ValueError, match="algorithm.gigpo.episode_norm"):
+        _episode_part(["p"] * 3, episode_norm="rows")
+    with pytest.raises(ValueError, match="algorithm.gigpo.singleton_group"):
+        _episode_part(["p"] * 3, singleton_group="score")
+
+
+def test_equal_rewards_in_a_group_give_exactly_zero():
+    """Group statistics in float64: sixteen rewards of 0.7 (not exact in binary) have mean exactly 0.7, so
+    GRPO gives 0, not float32 rounding noise divided by std + eps (about +-0.1). The same holds for a lone
+    trajectory of several turns under episode_norm=step (rows {0.7, 0.7, 0.7})."""
+    mask = torch.ones(16, 3)
+    adv, _ = compute_advantages("grpo", response_mask=mask, scores=torch.full((16,), 0.7), group_index=[0] * 16)
+    assert adv.abs().max().item() == 0.0
+    rewards = torch.zeros(1, 9)
+    rewards[0, 7] = 0.7
+    adv, _ = compute_advantages("gigpo", response_mask=torch.ones(1, 9), token_rewards=rewards, group_index=["p"],
+                                turn_index=torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2, 2]]), turn_keys=[["a", "b", "c"]],
+                                episode_norm="step")
+    assert adv.abs().max().item() == 0.0
+
+
+def test_gigpo_episode_options_reach_the_estimator_from_the_config():
+    """Through assign_advantages: a (2 turns, 1.0), b (2 turns, 0.0), c (1 turn, 0.0); rows {1, 1, 0, 0, 0}:
+    mean 0.4, deviations 0.6, 0.6, -0.4 x 3, squares sum 1.2, var 0.3."""
+    seqs = [from_trajectory(hilo_traj("p", [(2, 5, 0.0, None), (2, 6, 1.0, None)], [[7]], 1.0)),
+            from_trajectory(hilo_traj("p", [(2, 5, 0.0, None), (2, 6, 0.0, None)], [[7]], 0.0)),
+            from_trajectory(hilo_traj("p", [(2, 5, 0.0, None)], [], 0.0))]
+    algo = AlgorithmConfig(adv_estimator="gigpo", gigpo={"step_weight": 0.0, "episode_norm": "step"})
+    assign_advantages(seqs, algo, 0.0)
+    sd = math.sqrt(0.3)
+    assert [s.advantages[0].item() for s in seqs] == pytest.approx([0.6 / sd, -0.4 / sd, -0.4 / sd], abs=1e-5)
+    cfg = load_config(None, ["algorithm.adv_estimator=gigpo", "algorithm.gigpo.episode_norm=step",
+                             "algorithm.gigpo.singleton_group=zero"])
+    assert (cfg.algorithm.gigpo.episode_norm, cfg.algorithm.gigpo.singleton_group) == ("step", "zero")
+    with pytest.raises(ConfigError, match="episode_norm"):
+        load_config(None, ["algorithm.adv_estimator=gigpo", "algorithm.gigpo.episode_norm=steps"])
+    with pytest.raises(ConfigError, match="algorithm.gigpo"):
+        load_config(None, ["algorithm.adv_estimator=grpo", "algorithm.gigpo.singleton_group=zero"])
+
+
 def test_gigpo_needs_turn_keys():
     with pytest.raises(ValueError, match="turn_keys"):
         compute_advantages("gigpo", response_mask=MASK, token_rewards=REWARDS, group_index=["p"] * 3, turn_index=TIDX)

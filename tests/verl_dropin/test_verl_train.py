@@ -103,7 +103,7 @@ async def test_scripted_rollout_with_verls_tools_and_reward(verl_tools, tiny_tok
                       "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=3")
     r = cfg.actor_rollout_ref.rollout
     loop = build_agent_loop(r, cfg.data, helpers.scripted_engine(tiny_tok, _tool_user), tiny_tok,
-                            build_reward(cfg.data, cfg.custom_reward_function))
+                            build_reward(cfg.data, cfg.custom_reward_function, cfg.reward_model))
     samples = load_samples(verl_tools["tool_data"])
     batch = await loop.run(samples, 1, SamplingParams(temperature=1.0, max_new_tokens=256, seed=0))
     for traj, sample in zip(batch.trajectories, samples):

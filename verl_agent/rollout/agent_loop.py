@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AgentLoop", "InfraFailure", "score_with_reward_fn"]
+__all__ = ["AgentLoop", "InfraFailure", "prompt_text", "score_with_reward_fn"]
 
 
 def _accepts_session(engine: Any) -> bool:
@@ -394,20 +394,27 @@ class AgentLoop:
         return 0.0
 
 
+def prompt_text(messages: list[Message]) -> str:
+    """A sample's prompt as plain text for a scorer: a lone user message as it is, else "role: content" lines."""
+    if len(messages) == 1 and messages[0].role == "user":
+        return messages[0].content or ""
+    return "\n\n".join(f"{m.role}: {m.content or ''}" for m in messages)
+
+
 async def score_with_reward_fn(reward_fn: RewardFunction, tokenizer: Any, sample: Sample, trajs: list[Trajectory],
                                solution_str: str) -> float:  # fmt: skip
     """The reward from a reward function (verl's arguments) for the assistant turns of `trajs`, in order: their
-    texts go in extra_info["assistant_turns"]; a per-turn list (res.turn_scores) sets each turn's score and
-    its sum is the reward. Raises InfraFailure("reward_error") for a failed call or a list of the wrong length."""
+    texts go in extra_info["assistant_turns"] and the sample's prompt in extra_info["prompt"] (unless the row
+    has its own); a per-turn list (res.turn_scores) sets each turn's score and its sum is the reward. Raises
+    InfraFailure for a failed call (the scorer's cause, else reward_error) or a list of the wrong length."""
     turns = [(traj, t) for traj in trajs for t in traj.turns]
     texts = [tokenizer.decode(traj.response_ids[t.gen_start : t.gen_end], skip_special_tokens=True)
              for traj, t in turns]  # fmt: skip
-    res = await asyncio.to_thread(
-        reward_fn, data_source=sample.data_source, solution_str=solution_str,
-        ground_truth=sample.ground_truth, extra_info={**sample.extra_info, "assistant_turns": texts},
-    )  # fmt: skip
+    extra_info = {"prompt": prompt_text(sample.messages), **sample.extra_info, "assistant_turns": texts}
+    res = await reward_fn.acall(data_source=sample.data_source, solution_str=solution_str,
+                                ground_truth=sample.ground_truth, extra_info=extra_info)
     if getattr(res, "error", None):
-        raise InfraFailure("reward_error", res.error)
+        raise InfraFailure(getattr(res, "cause", None) or "reward_error", res.error)
     per_turn = getattr(res, "turn_scores", None)
     if per_turn is not None:  # a list per turn: the turns' scores, and their sum is the reward
         if len(per_turn) != len(turns):

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from verl_agent.config import (
-    CustomRewardFunctionConfig, DataConfig, ModelConfig, RolloutConfig, RunConfig, TrainerConfig,
+    CustomRewardFunctionConfig, DataConfig, ModelConfig, RewardModelConfig, RolloutConfig, RunConfig, TrainerConfig,
 )
 from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.engine.settings import HFEngineSettings
@@ -144,10 +145,20 @@ def sglang_server_args(rollout: RolloutConfig) -> list[str]:
     return extra
 
 
-def build_reward(data: DataConfig, custom: CustomRewardFunctionConfig) -> RewardFunction | None:
-    """data.reward_fn, else verl's custom_reward_function.{path,name}, else None (tools/interaction score)."""
+def build_reward(data: DataConfig, custom: CustomRewardFunctionConfig,
+                 reward_model: RewardModelConfig) -> RewardFunction | None:  # fmt: skip
+    """The LLM judge with reward_model.enable, else data.reward_fn, else verl's custom_reward_function.{path,name},
+    else None (tools/interaction score)."""
     from verl_agent.reward import load_reward_fn
 
+    if reward_model.enable:
+        from verl_agent.judge import Judge
+
+        j = reward_model.judge
+        key = os.environ.get(j.api_key_env, "") if j.api_key_env else ""
+        judge = Judge(j.api_base, reward_model.model.path, api_key=key,
+                      **j.model_dump(exclude={"api_base", "api_key_env"}))
+        return load_reward_fn(judge)
     if data.reward_fn:
         return load_reward_fn(data.reward_fn)
     return load_reward_fn(f"{custom.path}:{custom.name}") if custom.path else None
@@ -193,7 +204,7 @@ def build_rollout(cfg: RunConfig, model: Any = None, device: str | None = None, 
     engine = PausableEngine(build_engine(arr.rollout, model, device or pick_device(cfg.trainer), seed, own_server,
                                          kv_cache_bytes))
     tokenizer = load_tokenizer(arr.model)
-    reward_fn = build_reward(cfg.data, cfg.custom_reward_function)
+    reward_fn = build_reward(cfg.data, cfg.custom_reward_function, cfg.reward_model)
     return RolloutParts(engine, tokenizer, build_agent_loop(arr.rollout, cfg.data, engine, tokenizer, reward_fn),
                         reward_fn)
 

@@ -39,6 +39,8 @@ class AdvantageInputs:
     turn_keys: list[list[Hashable]] | None = None  # per row, the anchor state of each turn (gigpo)
     step_weight: float = 1.0  # gigpo: weight of the step-level advantage
     timestep_unit: str = "token"  # gae: "token" or "turn"
+    episode_norm: str = "trajectory"  # gigpo: episode statistics over trajectories or over step (turn) rows
+    singleton_group: str = "verl"  # gigpo: episode advantage of a group of one trajectory ("verl" or "zero")
 
 
 AdvantageFn = Callable[[AdvantageInputs], "tuple[Tensor, Tensor]"]
@@ -59,10 +61,11 @@ def group_stats(scores: Tensor, gids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per-group (count, sum, unbiased std), indexed by group id."""
     gids = gids.to(scores.device)
     G = int(gids.max()) + 1 if gids.numel() else 0
-    count = torch.zeros(G, device=scores.device).index_add_(0, gids, torch.ones_like(scores))
-    total = torch.zeros(G, device=scores.device).index_add_(0, gids, scores)
+    zeros = torch.zeros(G, device=scores.device, dtype=scores.dtype)
+    count = zeros.clone().index_add_(0, gids, torch.ones_like(scores))
+    total = zeros.clone().index_add_(0, gids, scores)
     sq = (scores - (total / count)[gids]).square()
-    var = torch.zeros(G, device=scores.device).index_add_(0, gids, sq) / (count - 1).clamp(min=1)
+    var = zeros.clone().index_add_(0, gids, sq) / (count - 1).clamp(min=1)
     return count, total, var.sqrt()
 
 
@@ -78,13 +81,18 @@ def group_normalize(x: Tensor, gids: Tensor, by_std: bool, epsilon: float, singl
 
     Groups of one: ``singleton="verl"`` keeps verl's rule (mean 0, std 1: the entry itself),
     ``"zero"`` gives 0 (nothing to compare with).
+
+    The statistics are taken in float64: a group of equal values then has mean exactly that value, so
+    its advantages are exactly 0. In float32 the mean of, say, sixteen 0.7s is off by about 1e-8, and
+    dividing by std + eps (1e-6) turns that into advantages of about +-0.1.
     """
-    count, total, std = group_stats(x, gids)
+    x64 = x.double()
+    count, total, std = group_stats(x64, gids)
     single = count[gids] == 1
-    adv = x - torch.where(single, 0.0, (total / count)[gids])
+    adv = x64 - torch.where(single, 0.0, (total / count)[gids])
     if by_std:
         adv = adv / (torch.where(single, 1.0, std[gids]) + epsilon)
-    return torch.where(single, 0.0, adv) if singleton == "zero" else adv
+    return (torch.where(single, 0.0, adv) if singleton == "zero" else adv).to(x.dtype)
 
 
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, all_reduce: AllReduce | None = None) -> Tensor:

@@ -61,6 +61,7 @@ def compute_advantages(
     gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
     all_reduce: AllReduce | None = None, turn_index: Tensor | None = None,
     turn_keys: list[list[Hashable]] | None = None, step_weight: float = 1.0, timestep_unit: str = "token",
+    episode_norm: str = "trajectory", singleton_group: str = "verl",
 ) -> tuple[Tensor, Tensor]:
     """Run estimator ``name``; give ``token_rewards`` [B,T] or ``scores`` [B] (or both).
 
@@ -70,6 +71,7 @@ def compute_advantages(
     -1 on padding; a turn's span runs from its first model token to the next turn's), the
     reward of a turn is the sum of the token rewards in its span; ``turn_keys[i][k]`` is the
     anchor state of row i's turn k (gigpo). Without ``turn_index`` every row is one turn.
+    ``episode_norm`` and ``singleton_group``: gigpo's episode-level options (``turn_advantages.gigpo_advantage``).
     """
     fn = get_adv_estimator(name)
     if response_mask.dim() != 2:
@@ -88,6 +90,10 @@ def compute_advantages(
         raise ValueError(f"turn_index has shape {tuple(turn_index.shape)}, response_mask {tuple(response_mask.shape)}")
     if timestep_unit not in ("token", "turn"):
         raise ValueError(f"algorithm.gae_timestep_unit must be token or turn, got {timestep_unit!r}")
+    if episode_norm not in ("trajectory", "step"):
+        raise ValueError(f"algorithm.gigpo.episode_norm must be trajectory or step, got {episode_norm!r}")
+    if singleton_group not in ("verl", "zero"):
+        raise ValueError(f"algorithm.gigpo.singleton_group must be verl or zero, got {singleton_group!r}")
     if scores is None:
         scores = token_rewards.sum(-1)
     if token_rewards is None:
@@ -95,7 +101,7 @@ def compute_advantages(
     gids = None if group_index is None else group_ids_from_index(group_index, B)
     inputs = AdvantageInputs(token_rewards.float(), scores.float(), response_mask, gids, values,
                              gamma, lam, norm_adv_by_std_in_grpo, epsilon, all_reduce, turn_index, turn_keys,
-                             step_weight, timestep_unit)
+                             step_weight, timestep_unit, episode_norm, singleton_group)
     return fn(inputs)
 
 

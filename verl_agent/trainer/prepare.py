@@ -90,6 +90,7 @@ def assign_advantages(seqs: list[TrainSeq], algo, kl_coef: float, all_reduce: Al
         values=values, gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
         all_reduce=all_reduce, turn_index=turn_index(seqs, mask.shape[1]), turn_keys=[s.turn_keys for s in seqs],
         step_weight=algo.gigpo.step_weight, timestep_unit=algo.gae_timestep_unit,
+        episode_norm=algo.gigpo.episode_norm, singleton_group=algo.gigpo.singleton_group,
     )  # fmt: skip
     for i, s in enumerate(seqs):
         s.advantages, s.returns = adv[i, : s.response_len].clone(), ret[i, : s.response_len].clone()

@@ -77,6 +77,13 @@ class _TimedReward:
         finally:
             self.seconds += time.perf_counter() - t0
 
+    async def acall(self, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await self.fn.acall(**kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
 
 def log_trajectories(cfg: RunConfig, tokenizer: Any, trajs: list[Trajectory], name: str, step: int,
                      advantages: list | None = None) -> None:  # fmt: skip

@@ -16,6 +16,11 @@ Every model token of turn k gets turn k's advantage.
   group's trajectories that start from the same anchor state (``turn_keys``: identical
   observation ids, or a key the interaction gives) form a step group, and G_k is normalised
   within it. A turn whose state no other turn of the group shares has step advantage 0.
+  The episode part has two forms (``episode_norm``): ``trajectory`` (the paper's: mean and std over
+  the group's trajectories) and ``step`` (the authors' code's default: over the group's step rows,
+  one per turn, each carrying its trajectory's reward, so longer trajectories weigh more). A group of
+  one entry follows verl's rule (mean 0, std 1: its reward); ``singleton_group="zero"`` gives a group
+  of one trajectory episode advantage 0 instead.
 - ``gae`` with ``timestep_unit="turn"``: the critic's value of turn k is the value at its first
   model token (the state it starts from); GAE runs over turns, with V = 0 after the last one:
   delta_k = r_k + gamma V_{k+1} - V_k, A_k = delta_k + gamma lam A_{k+1}; returns (the critic's
@@ -36,7 +41,8 @@ from verl_agent.trainer.advantage_base import (
     AdvantageInputs, group_normalize, masked_whiten, need_groups, register_adv_estimator,
 )
 
-__all__ = ["turn_rewards", "turn_returns", "step_group_ids", "grpo_turn_advantage", "gigpo_advantage", "gae_turn"]
+__all__ = ["turn_rewards", "turn_returns", "step_group_ids", "gigpo_episode_advantage", "grpo_turn_advantage",
+           "gigpo_advantage", "gae_turn"]
 
 
 def _turn_index(inp: AdvantageInputs) -> Tensor:
@@ -109,6 +115,26 @@ def step_group_ids(gids: Tensor, turn_keys: list[list[Hashable]], exists: Tensor
     return rows, ks, _dense(keys)
 
 
+def gigpo_episode_advantage(inp: AdvantageInputs, gids: Tensor, n_turns: Tensor) -> Tensor:
+    """[B] GiGPO's episode-level advantage of each trajectory (see the module docstring).
+
+    ``step``: every trajectory stands in its group's statistics once per turn (``n_turns``, at least 1),
+    as the reference code's rows do; all rows of a trajectory share its reward, so they share one value.
+    """
+    by_std, eps = inp.norm_adv_by_std_in_grpo, inp.epsilon
+    if inp.episode_norm == "step":
+        reps = n_turns.clamp(min=1).to(gids.device)
+        rows = torch.repeat_interleave(torch.arange(len(reps), device=gids.device), reps)
+        per_row = group_normalize(inp.scores[rows], gids[rows], by_std, eps)
+        adv = per_row[torch.cumsum(reps, 0) - reps]  # each trajectory's first row
+    else:
+        adv = group_normalize(inp.scores, gids, by_std, eps)
+    if inp.singleton_group == "zero":
+        alone = torch.bincount(gids)[gids] == 1
+        adv = torch.where(alone, 0.0, adv)
+    return adv
+
+
 @register_adv_estimator("gigpo")
 def gigpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """Episode-level GRPO advantage + step_weight * step-level advantage over anchor-state groups."""
@@ -118,7 +144,7 @@ def gigpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     tidx = _turn_index(inp)
     rewards, exists = turn_rewards(inp.token_rewards, tidx)
     returns = turn_returns(rewards, inp.gamma)
-    episode = group_normalize(inp.scores, gids, inp.norm_adv_by_std_in_grpo, inp.epsilon)
+    episode = gigpo_episode_advantage(inp, gids, exists.sum(-1))
     rows, ks, cells = step_group_ids(gids, inp.turn_keys, exists)
     step = torch.zeros_like(returns)
     if rows.numel():
