@@ -202,7 +202,7 @@ class AgentFunctionConfig(Section):
     host: str = Field("127.0.0.1", description="interface the in-process endpoint listens on (a free port)")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="larger request bodies get HTTP 413")
     max_concurrency: int | None = Field(None, ge=1, description="agent runs at once per worker; None: all")
-    use_request_sampling: bool = Field(False, description="apply the agent's temperature/top_p (the trainer's "
+    use_request_sampling: bool = Field(False, description="apply the agent's temperature/top_p/seed (the trainer's "
                                        "sampling settings otherwise win, so log-probs match the actor)")
 
 

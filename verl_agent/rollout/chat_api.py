@@ -7,7 +7,8 @@ The server sees the messages and the tools' schemas; there are no token ids, so 
 messages only (not trainable). It has the interface of `AgentLoop`: ``run(samples, n, sampling)``.
 
 Per turn: ``POST {base_url}/chat/completions`` with messages, tools, temperature, top_p, max_tokens
-(what is left of data.max_response_length, counted in completion tokens) and a per-sample seed. A reply
+(what is left of data.max_response_length, counted in completion tokens: the server does not say how
+many tokens an observation takes before the call) and the native loop's seed of that sample and turn. A reply
 with tool calls runs them and loops, up to multi_turn.max_assistant_turns; a reply without ends the
 episode. A call whose arguments are not JSON is a malformed call (the model's failure). The server
 being unreachable, timing out or answering 5xx / 429 / another error is an infrastructure failure
@@ -151,8 +152,9 @@ class ChatAPILoop:
             if budget <= 0:
                 raise _Stop("response_budget")
             t0 = time.perf_counter()
-            msg, finish = await self._complete(http, traj.messages, session, sp, min(budget, sp.max_new_tokens),
-                                               counts)  # fmt: skip
+            turn_sp = sp.for_turn(len(traj.turns))  # the native loop's seed per turn
+            msg, finish = await self._complete(http, traj.messages, session, turn_sp,
+                                               min(budget, sp.max_new_tokens), counts)  # fmt: skip
             calls, errors = _parse_calls(msg.get("tool_calls") or [])
             traj.messages.append(Message(role="assistant", content=msg.get("content") or "", tool_calls=calls))
             turn = Turn(gen_start=0, gen_end=0, obs_end=0)

@@ -130,7 +130,8 @@ def run_eval(cfg: RunConfig, models: list[EvalModel], k: int, n: int, out_dir: P
 def format_table(result: dict[str, Any]) -> str:
     """One row per data_source x figure and per outcome, one column per model."""
     models = result["models"]
-    keys = ["prompts", "samples_scored", "pass@1", f"pass@{result['k']}", f"maj@{result['k']}", "mean_reward"]
+    keys = list(dict.fromkeys(["prompts", "samples_scored", "pass@1", f"pass@{result['k']}", f"maj@{result['k']}",
+                               "mean_reward"]))  # fmt: skip
     sources = sorted({s for m in models for s in m["figures"] if s != "all"})
     sources += ["all"] if len(sources) > 1 else []  # with one data_source, "all" would repeat its rows
     rows = [[s, key] + [_cell(m["figures"].get(s, {}).get(key)) for m in models] for s in sources for key in keys]

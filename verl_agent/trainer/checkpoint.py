@@ -332,7 +332,7 @@ def load_checkpoint_model(path: Path, dtype: torch.dtype | None = None) -> tuple
     model_cfg = load_config(str(run_config)).actor_rollout_ref.model
     import_external_lib(model_cfg)
     base = resolve_model_path(model_cfg.path)
-    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=dtype or torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype or torch.float32,
                                                  trust_remote_code=model_cfg.trust_remote_code)
     load_state(path / "actor", {"model": model.state_dict()})  # fills the parameters in place, CRC-checked
     return model.eval(), resolve_model_path(model_cfg.tokenizer_path or model_cfg.path)
