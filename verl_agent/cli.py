@@ -135,6 +135,26 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_eval_cli(sub: argparse._SubParsersAction, fmt: type) -> None:
+    """`verl-agent eval CONFIG [--k K] [--n N] [--model M ...]`."""
+    p = sub.add_parser("eval", help="pass@1, pass@k, maj@k on the held-out data (one column per --model)",
+                       epilog=EPILOG_OVERRIDES, formatter_class=fmt,
+                       description="Roll out data.val_files with n samples per prompt (sampling: rollout.val_kwargs) "
+                       "and print pass@1, pass@k (Chen et al. 2021), maj@k, mean reward and outcome counts per "
+                       "data_source; writes <out>/result.json and the trajectories.")
+    _add_config_args(p)
+    p.add_argument("--k", type=int, default=1, help="k of pass@k and maj@k (default 1)")
+    p.add_argument("--n", type=int, default=None, help="samples per prompt (>= k; default max(k, val_kwargs.n))")
+    p.add_argument("--model", action="append", default=[], metavar="MODEL",
+                   help="a HF folder or id, a trainer checkpoint (global_step_N) or run dir, or an OpenAI-compatible "
+                   "base URL (http://host:port/v1); repeat to compare (default: actor_rollout_ref.model.path)")
+    p.add_argument("--served-model-name", default=None, help="with a URL: the model to ask for (default: the "
+                   "first the server lists)")
+    p.add_argument("--api-key", default=None, help="with a URL: the API key (default: $OPENAI_API_KEY)")
+    p.add_argument("--out", default=None, help="output dir (default: <run dir>/eval)")
+    p.set_defaults(func=_cmd_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="verl-agent",
@@ -159,22 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="trajectory JSONL path (default: <run dir>/rollout.jsonl)")
     p.set_defaults(func=_cmd_rollout)
 
-    p = sub.add_parser("eval", help="pass@1, pass@k, maj@k on the held-out data (one column per --model)",
-                       epilog=EPILOG_OVERRIDES, formatter_class=fmt,
-                       description="Roll out data.val_files with n samples per prompt (sampling: rollout.val_kwargs) "
-                       "and print pass@1, pass@k (Chen et al. 2021), maj@k, mean reward and outcome counts per "
-                       "data_source; writes <out>/result.json and the trajectories.")
-    _add_config_args(p)
-    p.add_argument("--k", type=int, default=1, help="k of pass@k and maj@k (default 1)")
-    p.add_argument("--n", type=int, default=None, help="samples per prompt (>= k; default max(k, val_kwargs.n))")
-    p.add_argument("--model", action="append", default=[], metavar="MODEL",
-                   help="a HF folder or id, a trainer checkpoint (global_step_N) or run dir, or an OpenAI-compatible "
-                   "base URL (http://host:port/v1); repeat to compare (default: actor_rollout_ref.model.path)")
-    p.add_argument("--served-model-name", default=None, help="with a URL: the model to ask for (default: the "
-                   "first the server lists)")
-    p.add_argument("--api-key", default=None, help="with a URL: the API key (default: $OPENAI_API_KEY)")
-    p.add_argument("--out", default=None, help="output dir (default: <run dir>/eval)")
-    p.set_defaults(func=_cmd_eval)
+    _add_eval_cli(sub, fmt)
 
     from verl_agent.models.smollm2 import add_cli as add_smollm2_cli
     from verl_agent.models.tiny import add_cli as add_model_cli
