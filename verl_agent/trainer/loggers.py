@@ -85,16 +85,22 @@ def _has_wandb_key() -> bool:
 
 
 def sample_rows(path: Path, k: int, seed: int) -> list[dict[str, Any]]:
-    """Up to k trajectory records of `path`, a uniform sample (reservoir: the file may be large)."""
-    from verl_agent.rollout.records import read_records
-
+    """Up to k trajectory records of `path`, a uniform sample in file order (a reservoir of lines: only the
+    chosen ones are parsed, as a step's file holds every token id of every trajectory)."""
     rng, chosen = random.Random(seed), []
-    for seen, rec in enumerate(read_records(path), 1):
-        if len(chosen) < k:
-            chosen.append(rec)
-        elif (j := rng.randrange(seen)) < k:
-            chosen[j] = rec
-    return chosen
+    with path.open(encoding="utf-8") as f:
+        for seen, (lineno, line) in enumerate(((n, ln) for n, ln in enumerate(f) if ln.strip()), 1):
+            if len(chosen) < k:
+                chosen.append((lineno, line))
+            elif (j := rng.randrange(seen)) < k:
+                chosen[j] = (lineno, line)
+    out = []
+    for lineno, line in sorted(chosen):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a crash while writing it
+            logger.warning("%s:%d: not a JSON record; left out of the W&B table", path, lineno + 1)
+    return out
 
 
 class WandbLogger:
