@@ -32,7 +32,8 @@ def offline_env(monkeypatch, tmp_path):
     """No API key, no ~/.netrc, no tracking URI: the defaults a fresh machine has."""
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "MLFLOW_TRACKING_URI",
                 "MLFLOW_ALLOW_FILE_STORE"):
-        monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv(var, "")  # so that teardown restores what was there, also what the tracker sets
+        monkeypatch.delenv(var)
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))  # wandb's staging and settings, and no netrc
@@ -133,3 +134,30 @@ def test_missing_extra_is_named_with_its_pip_install(monkeypatch, tmp_path):
 def test_flatten_params_keys_and_limits():
     flat = flatten_params({"a": {"b": 1, "c": [1, 2], "d": {}}, "e": "xyz", "f": None}, max_value=2)
     assert flat == {"a.b": "1", "a.c": "[1", "a.d": "{}", "e": "xy", "f": "nu"}
+
+
+def test_a_failing_tracker_costs_a_warning_not_the_run(offline_env, caplog, monkeypatch):
+    """The MLflow store disappears mid-run: the step is still in metrics.jsonl, the run goes on; a resume whose
+    stored run id is not in the tracking store (here: another MLFLOW_TRACKING_URI) starts a new MLflow run."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    run_dir = offline_env / "run"
+    tracker = Tracker(run_dir, ["mlflow"], config=CONFIG, project="proj", experiment="exp")
+    tracker.log(1, STEP_METRICS[1], write=lambda line: None)
+    shutil.rmtree(offline_env / "mlruns")
+    with caplog.at_level("WARNING"):
+        tracker.log(2, STEP_METRICS[2], write=lambda line: None)
+        tracker.log_trajectories(2, [_write_step(run_dir, 2, n=3)])
+        tracker.close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "verl_agent.trainer.tracking"]
+    assert len(warned) == 3 and "mlflow could not log metrics of step 2" in warned[0]
+    assert [json.loads(line)["step"] for line in tracker.path.read_text().splitlines()] == [1, 2]
+    old_id = json.loads((run_dir / "loggers.json").read_text())["mlflow"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (offline_env / "elsewhere").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a file store the user names: their opt-in
+    _drive(run_dir, ["mlflow"], steps=(2,), append=True)
+    new_id = json.loads((run_dir / "loggers.json").read_text())["mlflow"]
+    client = MlflowClient((offline_env / "elsewhere").as_uri())
+    assert new_id != old_id and client.get_run(new_id).data.metrics["actor/kl"] == pytest.approx(0.02)

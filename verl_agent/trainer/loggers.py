@@ -14,7 +14,8 @@ MLFLOW_TRACKING_URI, else the file store ``./mlruns`` under the current director
 default location). The config goes in as params: flattened dotted keys, values cut to MLflow's limit.
 
 A resumed run (same run dir) continues the same W&B / MLflow run: their ids are kept in
-``<run dir>/loggers.json``.
+``<run dir>/loggers.json``. A tracker that fails while logging a step (a tracking server down) costs a
+warning, not the run: metrics.jsonl and the trajectory files hold everything it would have got.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["TABLE_ROWS", "ExternalLogger", "MlflowLogger", "WandbLogger", "flatten_params", "open_loggers"]
+__all__ = ["TABLE_ROWS", "ExternalLogger", "MlflowLogger", "WandbLogger", "flatten_params", "open_loggers",
+           "sample_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,9 @@ _MLFLOW_BAD = re.compile(r"[^\w\-. /]")  # MLflow keys: alphanumerics, _ - . spa
 
 
 class ExternalLogger(Protocol):
+    key: str  # its trainer.logger name
+    run_id: str
+
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
     def log_trajectories(self, step: int, paths: list[Path]) -> None: ...
     def close(self) -> None: ...
@@ -65,7 +70,7 @@ def open_loggers(names: list[str], run_dir: Path, project: str, experiment: str,
     if "mlflow" in names:
         out.append(MlflowLogger(project, experiment, config, run_id=ids.get("mlflow")))
     if out:
-        ids.update({type(lg).key: lg.run_id for lg in out})  # type: ignore[attr-defined]
+        ids.update({lg.key: lg.run_id for lg in out})
         ids_path.write_text(json.dumps(ids))
     return out
 
@@ -174,6 +179,10 @@ class MlflowLogger:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             uri = Path("mlruns").resolve().as_uri()
         self.client, self.uri = MlflowClient(tracking_uri=uri), uri
+        if run_id is not None and (missing := self._missing(run_id)):
+            logger.warning("MLflow: run %s (from loggers.json) is not in %s (%s); starting a new run", run_id, uri,
+                           missing)
+            run_id = None
         fresh = run_id is None
         if fresh:
             exp = self.client.get_experiment_by_name(project)
@@ -183,6 +192,14 @@ class MlflowLogger:
         if fresh:
             self._log_params(config or {})
         logger.info("MLflow: run %s in experiment %r at %s", run_id, project, uri)
+
+    def _missing(self, run_id: str) -> str | None:
+        """Why run `run_id` cannot be continued, or None (the file store raises a bare Exception for a lost root)."""
+        try:
+            self.client.get_run(run_id)
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return None
 
     def _log_params(self, config: dict[str, Any]) -> None:
         from mlflow.entities import Param

@@ -105,7 +105,7 @@ class Tracker:
                 self.tb.add_scalar(k, v, step)
             self.tb.flush()
         for ext in self.external:
-            ext.log_metrics(step, clean)
+            _guarded(ext, "metrics", step, ext.log_metrics, step, clean)
         if self.console:
             write(console_line(step, clean))
 
@@ -113,11 +113,21 @@ class Tracker:
         """The step's trajectory JSONL files (those that exist) to W&B (a sampled table) and MLflow (artifacts)."""
         paths = [p for p in paths if p.exists()]
         for ext in self.external if paths else []:
-            ext.log_trajectories(step, paths)
+            _guarded(ext, "trajectories", step, ext.log_trajectories, step, paths)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
         for ext in self.external:
-            ext.close()
+            _guarded(ext, "the end of the run", None, ext.close)
         self.external = []
+
+
+def _guarded(ext: Any, what: str, step: int | None, fn: Any, *args: Any) -> None:
+    """An experiment tracker's call; its failure is a warning (metrics.jsonl has the data), never the run's end."""
+    try:
+        fn(*args)
+    except Exception as e:
+        when = f" of step {step}" if step is not None else ""
+        logger.warning("%s could not log %s%s (%s: %s); metrics.jsonl and the trajectory files have it", ext.key,
+                       what, when, type(e).__name__, e)
