@@ -66,10 +66,10 @@ def _eval_model(spec: str, args: argparse.Namespace) -> object:
         return EvalModel(spec, url=spec, served_name=args.served_model_name, api_key=key)
     path = Path(spec)
     if (path / "complete.json").exists() or (path / "checkpoints").is_dir():
-        from verl_agent.trainer.checkpoint import load_checkpoint_model
+        from verl_agent.trainer.checkpoint import load_checkpoint_model, resolve_checkpoint
 
-        model, tokenizer = load_checkpoint_model(path)
-        return EvalModel(spec, model=model, tokenizer=tokenizer)
+        ckpt = resolve_checkpoint(path)  # before any rollout: a bad path fails at once
+        return EvalModel(spec, load=lambda: load_checkpoint_model(ckpt))
     return EvalModel(spec, model=spec)
 
 

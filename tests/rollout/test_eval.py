@@ -197,3 +197,6 @@ def test_unreachable_server_is_counted_as_infrastructure_failure_never_a_reward(
     assert all(r["reward"] == 0.0 and "ConnectError" in r["error"] for r in recs)
     assert main(["eval", CONFIG, "--k", "3", "--n", "2"]) == 2  # k > n: refused before any rollout
     assert "--k 3 needs 1 <= k <= n" in capsys.readouterr().err
+    (tmp_path / "crashed" / "checkpoints" / "global_step_2").mkdir(parents=True)  # a save that never finished
+    assert main(["eval", CONFIG, "--model", "tiny", "--model", str(tmp_path / "crashed")]) == 2
+    assert "global_step_2 is not a complete checkpoint: no completion marker" in capsys.readouterr().err

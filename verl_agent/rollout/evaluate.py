@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +58,13 @@ def evaluate_cli(cfg: RunConfig, split: str = "val", out: str | None = None) -> 
 
 @dataclass
 class EvalModel:
-    """One model to evaluate: `label` as given; a local `model` (a path/id, or a built torch module with
-    `tokenizer` naming its tokenizer) or an OpenAI-compatible `url` (with `served_name`, `api_key`)."""
+    """One model to evaluate: `label` as given; a local `model` (a path/id), or `load()` giving a built torch
+    module and its tokenizer's path (called when its turn comes, so one model is in memory at a time), or an
+    OpenAI-compatible `url` (with `served_name`, `api_key`)."""
 
     label: str
     model: Any = None
+    load: Callable[[], tuple[Any, str]] | None = None
     tokenizer: str | None = None
     url: str | None = None
     served_name: str | None = None
@@ -94,6 +97,9 @@ async def _rollout_model(cfg: RunConfig, m: EvalModel, samples: list[Sample], n:
         loop = ChatAPILoop(m.url, m.served_name, r, tools, build_reward(cfg.data, cfg.custom_reward_function),
                            max_response_length=cfg.data.max_response_length, api_key=m.api_key)  # fmt: skip
         return await rollout_in_chunks(loop, samples, n, sampling, cfg.data.val_batch_size), None
+    if m.load is not None:
+        model, tokenizer = m.load()
+        m = replace(m, model=model, tokenizer=tokenizer)
     local = _local_config(cfg, m)
     parts = build_rollout(local, model=None if isinstance(m.model, (str, Path)) else m.model, seed=cfg.trainer.seed)
     try:
