@@ -75,7 +75,7 @@ class ChatAPILoop:
 
     def __init__(self, base_url: str, model: str | None, rollout_cfg: RolloutConfig, tools: dict[str, BaseTool],
                  reward_fn: RewardFunction | None = None, max_response_length: int = 256, api_key: str = "EMPTY",
-                 timeout: float = 600.0, max_concurrency: int = 32) -> None:  # fmt: skip
+                 timeout: float = 600.0, max_concurrency: int | None = None) -> None:  # fmt: skip
         self.base_url, self.model, self.api_key = base_url.rstrip("/"), model, api_key
         self.mt = rollout_cfg.multi_turn
         self.tools = dict(tools) if self.mt.enable else {}
@@ -96,10 +96,10 @@ class ChatAPILoop:
         return self.model
 
     async def run(self, samples: list[Sample], n: int, sampling: SamplingParams) -> RolloutBatch:
-        """n trajectories per sample, at most max_concurrency requests in flight, in sample order."""
+        """n trajectories per sample, at most max_concurrency episodes at once (None: all), in sample order."""
         import httpx
 
-        limit = asyncio.Semaphore(self.max_concurrency)
+        limit = asyncio.Semaphore(self.max_concurrency or len(samples) * n or 1)
         headers = {"Authorization": f"Bearer {self.api_key}"}
         async with httpx.AsyncClient(timeout=self.timeout, headers=headers) as http:
             await self.served_model(http)

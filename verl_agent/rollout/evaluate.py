@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verl_agent.config import RunConfig
+from verl_agent.config import RunConfig, save_config
 from verl_agent.protocol import RolloutBatch, Sample, Trajectory
 from verl_agent.rollout.build import build_reward, build_rollout, load_split, rollout_in_chunks, sampling_params
 from verl_agent.rollout.metrics import summarize
@@ -95,7 +95,8 @@ async def _rollout_model(cfg: RunConfig, m: EvalModel, samples: list[Sample], n:
                              "has an agent.entrypoint or interactions (evaluate a local model instead)")
         tools = load_tools(r.multi_turn.tool_config_path) if r.multi_turn.enable else {}
         loop = ChatAPILoop(m.url, m.served_name, r, tools, build_reward(cfg.data, cfg.custom_reward_function),
-                           max_response_length=cfg.data.max_response_length, api_key=m.api_key)  # fmt: skip
+                           max_response_length=cfg.data.max_response_length, api_key=m.api_key,
+                           max_concurrency=r.agent.max_concurrency)  # fmt: skip
         return await rollout_in_chunks(loop, samples, n, sampling, cfg.data.val_batch_size), None
     if m.load is not None:
         model, tokenizer = m.load()
@@ -121,7 +122,8 @@ def run_eval(cfg: RunConfig, models: list[EvalModel], k: int, n: int, out_dir: P
                        "alike; set val_kwargs.do_sample=true val_kwargs.temperature=1.0 for pass@k", n)
     samples = load_split(cfg.data, "val")
     out_dir.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"config": str(cfg.run_dir / "config.yaml"), "k": k, "n": n, "prompts": len(samples),
+    save_config(cfg, out_dir / "config.yaml")  # what was evaluated, overrides included
+    result: dict[str, Any] = {"config": str(out_dir / "config.yaml"), "k": k, "n": n, "prompts": len(samples),
                               "models": []}  # fmt: skip
     for i, m in enumerate(models):
         trajs, tokenizer = asyncio.run(_rollout_model(cfg, m, samples, n))
