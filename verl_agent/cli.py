@@ -9,8 +9,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from verl_agent import __version__
+
+if TYPE_CHECKING:
+    from verl_agent.rollout.evaluate import EvalModel
 
 EPILOG_OVERRIDES = (
     "Any config key can be overridden as key=value, e.g.\n"
@@ -53,7 +57,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     return evaluate_cli(load_config(path, overrides), split=args.split, out=args.out)
 
 
-def _eval_model(spec: str, args: argparse.Namespace) -> object:
+def _eval_model(spec: str, args: argparse.Namespace) -> EvalModel:
     """--model: an http(s) URL (OpenAI-compatible), a trainer checkpoint or run dir, else a HF folder/id."""
     from pathlib import Path
 
