@@ -64,8 +64,9 @@ def _drive(run_dir: Path, loggers: list[str], steps=(1, 2), append: bool = False
 
 def test_wandb_offline_run_reads_back_metrics_config_and_trajectory_tables(offline_env):
     run_dir = offline_env / "run"
-    _drive(run_dir, ["console", "wandb"])
+    tracker = _drive(run_dir, ["console", "wandb"])
     (run_path,) = (run_dir / "wandb").glob("offline-run-*")  # no API key: offline, no prompt
+    assert tracker.destinations["wandb"].endswith(f"upload: wandb sync {run_path}")
     out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_path)],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     records = [json.loads(line) for line in out.splitlines() if line.strip()]
@@ -134,6 +135,7 @@ def test_missing_extra_is_named_with_its_pip_install(monkeypatch, tmp_path):
 def test_flatten_params_keys_and_limits():
     flat = flatten_params({"a": {"b": 1, "c": [1, 2], "d": {}}, "e": "xyz", "f": None}, max_value=2)
     assert flat == {"a.b": "1", "a.c": "[1", "a.d": "{}", "e": "xy", "f": "nu"}
+    assert flatten_params({}, max_value=10) == {}
 
 
 def test_a_failing_tracker_costs_a_warning_not_the_run(offline_env, caplog, monkeypatch):

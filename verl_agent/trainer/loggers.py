@@ -43,6 +43,7 @@ _MLFLOW_BAD = re.compile(r"[^\w\-. /]")  # MLflow keys: alphanumerics, _ - . spa
 class ExternalLogger(Protocol):
     key: str  # its trainer.logger name
     run_id: str
+    where: str  # where to look at the run, for the end-of-run summary
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
     def log_trajectories(self, step: int, paths: list[Path]) -> None: ...
@@ -125,6 +126,8 @@ class WandbLogger:
         self.run = self.wandb.init(project=project, name=experiment, dir=str(run_dir), config=config, mode=mode,
                                    id=run_id, resume="allow" if run_id else None)
         self.run_id = self.run.id
+        self.where = (f"offline run {self.run_id}; upload: wandb sync {Path(self.run.dir).parent}"
+                      if mode == "offline" else str(self.run.url or self.run_id))  # fmt: skip
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
@@ -160,7 +163,8 @@ def flatten_params(config: dict[str, Any], max_value: int) -> dict[str, str]:
         text = node if isinstance(node, str) else json.dumps(node, default=str)
         out[_MLFLOW_BAD.sub("_", prefix)] = text[:max_value]
 
-    walk(config, "")
+    if config:
+        walk(config, "")
     return out
 
 
@@ -189,6 +193,7 @@ class MlflowLogger:
             exp_id = exp.experiment_id if exp else self.client.create_experiment(project)
             run_id = self.client.create_run(exp_id, run_name=experiment).info.run_id
         self.run_id: str = run_id
+        self.where = f"run {run_id} at {uri}"
         if fresh:
             self._log_params(config or {})
         logger.info("MLflow: run %s in experiment %r at %s", run_id, project, uri)

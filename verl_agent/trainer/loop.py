@@ -368,6 +368,8 @@ def _print_summary(result: TrainResult, tracker: Tracker | None) -> None:
               f"{calls_after / n_after:.2f}")
     if tracker is not None:
         print(f"metrics: {tracker.path}" + (f"   tensorboard: {tracker.tb_dir}" if tracker.tb is not None else ""))
+        for name, where in tracker.destinations.items():
+            print(f"{name}: {where}")
     if result.export_dir:
         print(f"final policy (Hugging Face format): {result.export_dir}")
 

@@ -70,6 +70,7 @@ class Tracker:
         if not append and self.path.exists():
             self.path.unlink()
         self.external = open_loggers(loggers, run_dir, project, experiment, config, resume=append)
+        self.destinations = {ext.key: ext.where for ext in self.external}  # for the end-of-run summary
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop what was logged for steps after the checkpoint (they will be recomputed).
