@@ -176,25 +176,42 @@ def test_eval_command_puts_config_model_checkpoint_and_endpoint_in_one_table(end
     assert row[2:] == [f"{figs['pass@2']:.4f}" for figs in (local, ckpt_run, served)]
 
 
-def test_unreachable_server_is_counted_as_infrastructure_failure_never_a_reward(tmp_path, capsys):
-    """Nothing listens on the port: every episode is an infra failure (endpoint_error), excluded from pass@k."""
+def test_unreachable_or_failing_server_is_counted_as_infrastructure_failure_never_a_reward(tmp_path, capsys):
+    """Nothing listens on the port, or a server answers 503: every episode is an infra failure (endpoint_error),
+    excluded from pass@k."""
     import socket
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from verl_agent.cli import main
 
+    class Overloaded(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b"overloaded")
+
+        def log_message(self, *args):
+            pass
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Overloaded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     val = tmp_path / "val.jsonl"
     val.write_text("".join(open("examples/calculator/data/test.jsonl").readlines()[:2]))
     out = tmp_path / "eval"
-    assert main(["eval", CONFIG, "--k", "2", "--model", url, "--served-model-name", "m", "--out", str(out),
-                 f"data.val_files=[{val}]"]) == 0  # fmt: skip
-    figs = json.loads((out / "result.json").read_text())["models"][0]["figures"]["default"]
-    assert figs["outcomes"] == {"infra_failure/endpoint_error": 4}
-    assert (figs["prompts_excluded"], figs["samples_scored"], figs["pass@1"], figs["pass@2"]) == (2, 0, None, None)
-    recs = [json.loads(line) for line in (out / "trajectories_0.jsonl").open()]
-    assert all(r["reward"] == 0.0 and "ConnectError" in r["error"] for r in recs)
+    try:
+        assert main(["eval", CONFIG, "--k", "2", "--model", dead, "--model", f"http://127.0.0.1:{server.server_port}/v1",
+                     "--served-model-name", "m", "--out", str(out), f"data.val_files=[{val}]"]) == 0  # fmt: skip
+    finally:
+        server.shutdown()
+    for i, error in enumerate(["ConnectError", "answered 503: overloaded"]):
+        figs = json.loads((out / "result.json").read_text())["models"][i]["figures"]["default"]
+        assert figs["outcomes"] == {"infra_failure/endpoint_error": 4}
+        assert (figs["prompts_excluded"], figs["samples_scored"], figs["pass@1"], figs["pass@2"]) == (2, 0, None, None)
+        recs = [json.loads(line) for line in (out / f"trajectories_{i}.jsonl").open()]
+        assert all(r["reward"] == 0.0 and error in r["error"] for r in recs)
     assert main(["eval", CONFIG, "--k", "3", "--n", "2"]) == 2  # k > n: refused before any rollout
     assert "--k 3 needs 1 <= k <= n" in capsys.readouterr().err
     (tmp_path / "crashed" / "checkpoints" / "global_step_2").mkdir(parents=True)  # a save that never finished

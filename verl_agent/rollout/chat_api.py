@@ -8,12 +8,12 @@ messages only (not trainable). It has the interface of `AgentLoop`: ``run(sample
 
 Per turn: ``POST {base_url}/chat/completions`` with messages, tools, temperature, top_p, max_tokens
 (what is left of data.max_response_length, counted in completion tokens: the server does not say how
-many tokens an observation takes before the call) and the native loop's seed of that sample and turn. A reply
-with tool calls runs them and loops, up to multi_turn.max_assistant_turns; a reply without ends the
-episode. A call whose arguments are not JSON is a malformed call (the model's failure). The server
-being unreachable, timing out or answering 5xx / 429 / another error is an infrastructure failure
-with cause "endpoint_error", never a reward; a 400 for an over-long context ends the episode as
-"response_budget" (the model's budget is spent).
+many tokens an observation takes before the call) and the native loop's seed of that sample and turn.
+A reply with tool calls runs them and loops, up to multi_turn.max_assistant_turns; a reply without ends
+the episode. A call whose arguments are not JSON is a malformed call (the model's failure). The server
+being unreachable, timing out, answering 5xx / 429 / another error or something that is not a chat
+completion is an infrastructure failure with cause "endpoint_error", never a reward; a 400 for an
+over-long context ends the episode as "response_budget" (the model's budget is spent).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from verl_agent.tools.base import BaseTool
 
 __all__ = ["ChatAPILoop", "wire_message"]
+
+logger = logging.getLogger(__name__)
 
 
 def wire_message(m: Message) -> dict[str, Any]:
@@ -127,7 +130,12 @@ class ChatAPILoop:
                     traj.stop_reason = stop.reason  # type: ignore[assignment]
                 traj.reward = await self._reward(traj, session, sample)
         except Exception as e:  # one failing episode never stops the others
-            cause = e.cause if isinstance(e, InfraFailure) else "endpoint_error"
+            import httpx
+
+            cause = e.cause if isinstance(e, InfraFailure) else "endpoint_error" if isinstance(e, httpx.HTTPError) \
+                else "agent_loop_error"  # fmt: skip
+            if cause == "agent_loop_error":  # a bug of ours, as in the native loop
+                logger.error("episode %s: %s", sample.uid, e, exc_info=True)
             traj.outcome, traj.cause, traj.error, traj.reward = "infra_failure", cause, f"{type(e).__name__}: {e}", 0.0
             traj.stop_reason = "error"
         else:
@@ -195,10 +203,15 @@ class ChatAPILoop:
         if resp.status_code != 200:
             raise InfraFailure("endpoint_error", f"{self.base_url}/chat/completions answered {resp.status_code}: "
                                f"{resp.text[:300]}")
-        data = resp.json()
+        try:
+            data = resp.json()
+            choice = data["choices"][0]
+            message, finish = dict(choice["message"]), choice.get("finish_reason")
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise InfraFailure("endpoint_error", f"{self.base_url}/chat/completions: not a chat completion: "
+                               f"{resp.text[:300]}") from e
         counts["completion_tokens"] += float((data.get("usage") or {}).get("completion_tokens") or 0)
-        choice = data["choices"][0]
-        return choice["message"], choice.get("finish_reason")
+        return message, finish
 
     async def _reward(self, traj: Trajectory, session: Any, sample: Sample) -> float:
         """As the native loop: reward_fn, else the data source's scorer, else the tools' calc_reward."""
