@@ -202,8 +202,9 @@ def test_unreachable_or_failing_server_is_counted_as_infrastructure_failure_neve
     val.write_text("".join(open("examples/calculator/data/test.jsonl").readlines()[:2]))
     out = tmp_path / "eval"
     try:
-        assert main(["eval", CONFIG, "--k", "2", "--model", dead, "--model", f"http://127.0.0.1:{server.server_port}/v1",
-                     "--served-model-name", "m", "--out", str(out), f"data.val_files=[{val}]"]) == 0  # fmt: skip
+        busy = f"http://127.0.0.1:{server.server_port}/v1"
+        assert main(["eval", CONFIG, "--k", "2", "--model", dead, "--model", busy, "--served-model-name", "m",
+                     "--out", str(out), f"data.val_files=[{val}]"]) == 0  # fmt: skip
     finally:
         server.shutdown()
     for i, error in enumerate(["ConnectError", "answered 503: overloaded"]):
