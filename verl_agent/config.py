@@ -340,7 +340,8 @@ class TrainerConfig(Section):
     experiment_name: str = "run"
     total_epochs: int = Field(1, ge=1)
     total_training_steps: int | None = Field(None, ge=1, description="overrides total_epochs when set")
-    logger: list[str] = Field(default_factory=lambda: ["console", "tensorboard"], description="console|tensorboard|wandb|mlflow (wandb, mlflow: optional extras)")
+    logger: list[str] = Field(default_factory=lambda: ["console", "tensorboard"],
+                              description="console|tensorboard|wandb|mlflow (wandb, mlflow: optional extras)")
     default_local_dir: str = Field("runs/${trainer.project_name}/${trainer.experiment_name}")
     save_freq: int = Field(-1, description="checkpoint every N steps; -1: only at the end")
     checkpoint_compression: Literal["auto", "none", "zstd"] = Field(
