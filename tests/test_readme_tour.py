@@ -26,6 +26,7 @@ SMALL = {  # appended to the tour's commands: the same code paths, less work
     "train": ["trainer.total_training_steps=1", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
               "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.val_before_train=false", "data.val_files=[]"],
     "rollout": ["data.val_batch_size=16"],
+    "eval": ["data.val_files=[examples/calculator/data/tour_val.jsonl]"],  # 2 of the held-out prompts
 }
 
 
@@ -38,7 +39,8 @@ def tour_commands() -> list[str]:
 
 def test_tour_is_what_this_test_runs():
     cmds = tour_commands()
-    assert [shlex.split(c)[1] for c in cmds] == ["--help", "model", "train", "rollout", "view", "config", "sandbox"]
+    assert [shlex.split(c)[1] for c in cmds] == ["--help", "model", "train", "rollout", "eval", "view", "config",
+                                                 "sandbox"]  # fmt: skip
 
 
 def _free_port() -> int:
@@ -50,6 +52,8 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_readme_tour_runs(tmp_path, tiny_model_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    held_out = (tmp_path / "examples/calculator/data/test.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "examples/calculator/data/tour_val.jsonl").write_text("".join(held_out[:2]))
     exe = str(Path(sys.executable).with_name("verl-agent"))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     for cmd in tour_commands():
@@ -83,5 +87,8 @@ def test_readme_tour_runs(tmp_path, tiny_model_path):
             assert out.stdout.count("== ") == 2 and "assistant:" in out.stdout
         if argv[1] == "rollout":
             assert '"split": "val"' in out.stdout
+        if argv[1] == "eval":  # one column per model: the base model and the run's checkpoint
+            assert out.stdout.split("\n", 1)[0].split()[2:] == ["tiny", "runs/verl_agent/calculator"]
+            assert "pass@4" in out.stdout and (tmp_path / "runs/verl_agent/calculator/eval/result.json").is_file()
     run = tmp_path / "runs" / "verl_agent" / "calculator"
     assert (run / "trajectories" / "step_1.jsonl").is_file() and (run / "hf_model" / "config.json").is_file()

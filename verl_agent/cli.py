@@ -1,4 +1,4 @@
-"""`verl-agent` command line: train | rollout | model | sandbox | tasks | config | tools | view.
+"""`verl-agent` command line: train | rollout | eval | model | sandbox | tasks | config | tools | view.
 
 Each subcommand imports its machinery lazily so `--help` stays instant.
 """
@@ -9,8 +9,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from verl_agent import __version__
+
+if TYPE_CHECKING:
+    from verl_agent.rollout.evaluate import EvalModel
 
 EPILOG_OVERRIDES = (
     "Any config key can be overridden as key=value, e.g.\n"
@@ -51,6 +55,48 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
     path, overrides = _split_config_arg(args)
     return evaluate_cli(load_config(path, overrides), split=args.split, out=args.out)
+
+
+def _eval_model(spec: str, args: argparse.Namespace) -> EvalModel:
+    """--model: an http(s) URL (OpenAI-compatible), a trainer checkpoint or run dir, else a HF folder/id."""
+    from pathlib import Path
+
+    from verl_agent.rollout.evaluate import EvalModel
+
+    if spec.startswith(("http://", "https://")):
+        import os
+
+        key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        return EvalModel(spec, url=spec, served_name=args.served_model_name, api_key=key)
+    path = Path(spec)
+    if (path / "complete.json").exists() or (path / "checkpoints").is_dir():
+        from verl_agent.trainer.checkpoint import load_checkpoint_model, resolve_checkpoint
+
+        ckpt = resolve_checkpoint(path)  # before any rollout: a bad path fails at once
+        return EvalModel(spec, load=lambda: load_checkpoint_model(ckpt))
+    return EvalModel(spec, model=spec)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from verl_agent.config import load_config
+    from verl_agent.rollout.evaluate import EvalModel, format_table, run_eval
+
+    path, overrides = _split_config_arg(args)
+    cfg = load_config(path, overrides)
+    n = args.n or max(args.k, cfg.actor_rollout_ref.rollout.val_kwargs.n)
+    try:
+        models = [_eval_model(m, args) for m in args.model] or [EvalModel(cfg.actor_rollout_ref.model.path,
+                                                                          model=cfg.actor_rollout_ref.model.path)]
+        out = Path(args.out) if args.out else cfg.run_dir / "eval"
+        result = run_eval(cfg, models, k=args.k, n=n, out_dir=out)
+    except (ValueError, FileNotFoundError, ConnectionError) as e:
+        print(f"verl-agent eval: error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(result))
+    print(f"result: {out / 'result.json'}   trajectories: {', '.join(m['trajectories'] for m in result['models'])}")
+    return 0
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -157,6 +203,26 @@ def _add_tools_cli(sub: argparse._SubParsersAction, fmt: type[argparse.HelpForma
     p.set_defaults(func=_cmd_tools)
 
 
+def _add_eval_cli(sub: argparse._SubParsersAction, fmt: type) -> None:
+    """`verl-agent eval CONFIG [--k K] [--n N] [--model M ...]`."""
+    p = sub.add_parser("eval", help="pass@1, pass@k, maj@k on the held-out data (one column per --model)",
+                       epilog=EPILOG_OVERRIDES, formatter_class=fmt,
+                       description="Roll out data.val_files with n samples per prompt (sampling: rollout.val_kwargs) "
+                       "and print pass@1, pass@k (Chen et al. 2021), maj@k, mean reward and outcome counts per "
+                       "data_source; writes <out>/result.json and the trajectories.")
+    _add_config_args(p)
+    p.add_argument("--k", type=int, default=1, help="k of pass@k and maj@k (default 1)")
+    p.add_argument("--n", type=int, default=None, help="samples per prompt (>= k; default max(k, val_kwargs.n))")
+    p.add_argument("--model", action="append", default=[], metavar="MODEL",
+                   help="a HF folder or id, a trainer checkpoint (global_step_N) or run dir, or an OpenAI-compatible "
+                   "base URL (http://host:port/v1); repeat to compare (default: actor_rollout_ref.model.path)")
+    p.add_argument("--served-model-name", default=None, help="with a URL: the model to ask for (default: the "
+                   "first the server lists)")
+    p.add_argument("--api-key", default=None, help="with a URL: the API key (default: $OPENAI_API_KEY)")
+    p.add_argument("--out", default=None, help="output dir (default: <run dir>/eval)")
+    p.set_defaults(func=_cmd_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="verl-agent",
@@ -180,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["val", "train"], default="val", help="which data files to use")
     p.add_argument("--out", default=None, help="trajectory JSONL path (default: <run dir>/rollout.jsonl)")
     p.set_defaults(func=_cmd_rollout)
+
+    _add_eval_cli(sub, fmt)
 
     from verl_agent.models.smollm2 import add_cli as add_smollm2_cli
     from verl_agent.models.tiny import add_cli as add_model_cli

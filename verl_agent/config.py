@@ -13,6 +13,7 @@ value is a `ConfigError` naming the key and what to use instead (`_refuse_unimpl
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -262,7 +263,7 @@ class AgentFunctionConfig(Section):
     host: str = Field("127.0.0.1", description="interface the in-process endpoint listens on (a free port)")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="larger request bodies get HTTP 413")
     max_concurrency: int | None = Field(None, ge=1, description="agent runs at once per worker; None: all")
-    use_request_sampling: bool = Field(False, description="apply the agent's temperature/top_p (the trainer's "
+    use_request_sampling: bool = Field(False, description="apply the agent's temperature/top_p/seed (the trainer's "
                                        "sampling settings otherwise win, so log-probs match the actor)")
 
 
@@ -400,12 +401,16 @@ class AlgorithmConfig(Section):
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
 
 
+LOGGERS = ("console", "tensorboard", "wandb", "mlflow")
+
+
 class TrainerConfig(Section):
     project_name: str = "verl_agent"
     experiment_name: str = "run"
     total_epochs: int = Field(1, ge=1)
     total_training_steps: int | None = Field(None, ge=1, description="overrides total_epochs when set")
-    logger: list[str] = Field(default_factory=lambda: ["console", "tensorboard"], description="console|tensorboard")
+    logger: list[str] = Field(default_factory=lambda: ["console", "tensorboard"],
+                              description="console|tensorboard|wandb|mlflow (wandb, mlflow: optional extras)")
     default_local_dir: str = Field("runs/${trainer.project_name}/${trainer.experiment_name}")
     save_freq: int = Field(-1, description="checkpoint every N steps; -1: only at the end")
     checkpoint_compression: Literal["auto", "none", "zstd"] = Field(
@@ -594,8 +599,11 @@ def _refuse_fsdp_and_logger(c: RunConfig, refuse: _Refuse) -> None:
                "the weight push would run NCCL collectives on CPU tensors")
         refuse(fsdp.optimizer_offload and not fsdp.param_offload, f"{key}.optimizer_offload", True,
                "FSDP2 offloads parameters, gradients and optimizer state together: set param_offload=true")
-    refuse(bool(set(c.trainer.logger) - {"console", "tensorboard"}), "trainer.logger", c.trainer.logger,
-           "supported loggers: console, tensorboard (metrics.jsonl is always written)")
+    refuse(bool(set(c.trainer.logger) - set(LOGGERS)), "trainer.logger", c.trainer.logger,
+           f"supported loggers: {', '.join(LOGGERS)} (metrics.jsonl is always written)")
+    for name in ("wandb", "mlflow"):  # optional extras: say so before any worker starts
+        refuse(name in c.trainer.logger and importlib.util.find_spec(name) is None, "trainer.logger", name,
+               f"the {name} package is not installed: pip install verl-agent[{name}]")
 
 
 def _refuse_judge(c: RunConfig, refuse: _Refuse) -> None:

@@ -175,6 +175,7 @@ async def test_bad_requests_get_openai_errors_and_the_session_stays_usable(tok):
         ({"messages": [{"role": "user", "content": "12 " * 400}]}, 400, "context_length_exceeded", "messages"),
         ({"n": 3}, 400, None, "n"),
         ({"temperature": 7}, 400, None, "temperature"),
+        ({"seed": "7"}, 400, None, "seed"),
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": TOOLS}, 400, None, "tool_choice"),
         ({"frobnicate": 1}, 400, "unknown_parameter", "frobnicate"),
     ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -56,12 +58,38 @@ def test_dying_worker_stops_run_with_clear_error_and_intact_checkpoint(ray_clust
     assert not list((run / "checkpoints").glob("*.tmp"))
 
 
-def test_ppo_with_critic_completes(ray_cluster, make_cfg, dev_model_path, tmp_path):
-    """Also: trainer.profile_steps=[2] writes each rank's torch.profiler table and trace for step 2 only."""
+def test_ppo_with_critic_completes(ray_cluster, make_cfg, dev_model_path, tmp_path, monkeypatch):
+    """Also: trainer.profile_steps=[2] writes each rank's torch.profiler table and trace for step 2 only, and the
+    run logs to MLflow (a file store in tmp_path) and W&B (offline): every step's metrics and trajectories."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    for var, value in [("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_DATA_DIR", str(tmp_path / "wb")),
+                       ("WANDB_CACHE_DIR", str(tmp_path / "wb")), ("WANDB_CONFIG_DIR", str(tmp_path / "wb"))]:
+        monkeypatch.setenv(var, value)
     result = train(make_cfg(*FAST, f"actor_rollout_ref.model.path={dev_model_path}", "algorithm.adv_estimator=gae",
                             "algorithm.lam=0.95", "critic.optim.lr=1e-3", "trainer.total_training_steps=2",
                             "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
-                            "trainer.profile_steps=[2]", run_dir=tmp_path / "run"))
+                            "trainer.profile_steps=[2]", "trainer.logger=[console,mlflow,wandb]",
+                            "trainer.experiment_name=ppo", run_dir=tmp_path / "run"))
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("verl_agent").experiment_id])
+    assert run.info.run_name == "ppo" and run.data.params["algorithm.adv_estimator"] == "gae"
+    vf_loss = client.get_metric_history(run.info.run_id, "critic/vf_loss")
+    assert [(m.step, m.value) for m in vf_loss] == [(s, pytest.approx(result.history[s - 1]["critic/vf_loss"]))
+                                                    for s in (1, 2)]  # fmt: skip
+    arts = [a.path for a in client.list_artifacts(run.info.run_id, "trajectories")]
+    assert sorted(arts) == ["trajectories/step_1.jsonl", "trajectories/step_2.jsonl"]
+    (wandb_run,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
+    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(wandb_run)],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    history = [json.loads(line)["history"]["item"] for line in out.splitlines() if '"type":"history"' in line]
+    assert [h["_step"] for h in history] == [1, 2]
+    assert history[1]["actor/pg_loss"] == pytest.approx(result.history[1]["actor/pg_loss"])
+    table = json.loads((wandb_run / "files" / history[0]["trajectories.path"]).read_text())
+    uids = {json.loads(line)["uid"] for line in (tmp_path / "run" / "trajectories" / "step_1.jsonl").open()}
+    assert table["data"] and {row[2] for row in table["data"]} <= uids  # rows of this run's step 1
     profiles = sorted(p.name for p in (tmp_path / "run" / "profile").iterdir())
     assert profiles == ["step_2_rank0.json.gz", "step_2_rank0.txt", "step_2_rank1.json.gz", "step_2_rank1.txt"]
     table = (tmp_path / "run" / "profile" / "step_2_rank0.txt").read_text()

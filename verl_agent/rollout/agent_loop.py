@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AgentLoop", "InfraFailure", "prompt_text", "score_with_reward_fn"]
+__all__ = ["AgentLoop", "InfraFailure", "classify", "prompt_text", "score_with_reward_fn"]
 
 
 def _accepts_session(engine: Any) -> bool:
@@ -176,19 +176,7 @@ class AgentLoop:
         return traj
 
     def _classify(self, traj: Trajectory, ep: _Episode) -> None:
-        """ok / policy failure (with its cause) for a trajectory that ended without an infrastructure failure."""
-        if traj.stop_reason == "prompt_too_long":
-            traj.outcome, traj.cause = "filtered", "prompt_too_long"
-        elif traj.reward >= SUCCESS_THRESHOLD:
-            traj.outcome, traj.cause = "ok", None
-        elif traj.stop_reason in ("response_budget", "engine_length", "max_assistant_turns", "max_user_turns"):
-            traj.outcome, traj.cause = "policy_failure", "budget_exhausted"
-        elif ep.counts["malformed_calls"]:
-            traj.outcome, traj.cause = "policy_failure", "malformed_tool_call"
-        elif ep.counts["tool_errors"]:
-            traj.outcome, traj.cause = "policy_failure", "tool_error"
-        else:
-            traj.outcome, traj.cause = "policy_failure", "wrong_answer"
+        classify(traj, ep.counts)
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -401,15 +389,34 @@ def prompt_text(messages: list[Message]) -> str:
     return "\n\n".join(f"{m.role}: {m.content or ''}" for m in messages)
 
 
+def classify(traj: Trajectory, counts: dict[str, float]) -> None:
+    """ok / policy failure (with its cause) for a trajectory that ended without an infrastructure failure;
+    `counts`: its tool_calls, tool_errors and malformed_calls."""
+    if traj.stop_reason == "prompt_too_long":
+        traj.outcome, traj.cause = "filtered", "prompt_too_long"
+    elif traj.reward >= SUCCESS_THRESHOLD:
+        traj.outcome, traj.cause = "ok", None
+    elif traj.stop_reason in ("response_budget", "engine_length", "max_assistant_turns", "max_user_turns"):
+        traj.outcome, traj.cause = "policy_failure", "budget_exhausted"
+    elif counts["malformed_calls"]:
+        traj.outcome, traj.cause = "policy_failure", "malformed_tool_call"
+    elif counts["tool_errors"]:
+        traj.outcome, traj.cause = "policy_failure", "tool_error"
+    else:
+        traj.outcome, traj.cause = "policy_failure", "wrong_answer"
+
+
 async def score_with_reward_fn(reward_fn: RewardFunction, tokenizer: Any, sample: Sample, trajs: list[Trajectory],
-                               solution_str: str) -> float:  # fmt: skip
+                               solution_str: str, texts: list[str] | None = None) -> float:  # fmt: skip
     """The reward from a reward function (verl's arguments) for the assistant turns of `trajs`, in order: their
     texts go in extra_info["assistant_turns"] and the sample's prompt in extra_info["prompt"] (unless the row
     has its own); a per-turn list (res.turn_scores) sets each turn's score and its sum is the reward. Raises
-    InfraFailure for a failed call (the scorer's cause, else reward_error) or a list of the wrong length."""
+    InfraFailure for a failed call (the scorer's cause, else reward_error) or a list of the wrong length.
+    `texts`: the turns' texts when the trajectories hold no tokens (a loop over a chat API), else decoded."""
     turns = [(traj, t) for traj in trajs for t in traj.turns]
-    texts = [tokenizer.decode(traj.response_ids[t.gen_start : t.gen_end], skip_special_tokens=True)
-             for traj, t in turns]  # fmt: skip
+    if texts is None:
+        texts = [tokenizer.decode(traj.response_ids[t.gen_start : t.gen_end], skip_special_tokens=True)
+                 for traj, t in turns]  # fmt: skip
     extra_info = {"prompt": prompt_text(sample.messages), **sample.extra_info, "assistant_turns": texts}
     res = await reward_fn.acall(data_source=sample.data_source, solution_str=solution_str,
                                 ground_truth=sample.ground_truth, extra_info=extra_info)

@@ -24,8 +24,8 @@ __all__ = ["ChatRequest", "RequestError", "StreamText", "chunk_head", "completio
            "final_chunks", "forced_prefix", "parse_request", "role_chunk"]
 
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "presence_penalty",
-            "frequency_penalty", "logit_bias", "seed", "response_format", "reasoning_effort", "modalities"}  # fmt: skip
-_KNOWN = _IGNORED | {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
+            "frequency_penalty", "logit_bias", "response_format", "reasoning_effort", "modalities"}  # fmt: skip
+_KNOWN = _IGNORED | {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "seed", "max_tokens",
                      "max_completion_tokens", "stop", "n", "logprobs", "top_logprobs", "stream", "stream_options"}
 
 
@@ -53,7 +53,7 @@ class ChatRequest:
     logprobs: bool = False
     stream: bool = False
     include_usage: bool = False
-    sampling: dict[str, float] = field(default_factory=dict)  # temperature / top_p the agent asked for
+    sampling: dict[str, float] = field(default_factory=dict)  # temperature / top_p / seed the agent asked for
 
 
 def _bad(msg: str, param: str | None = None, code: str | None = None) -> RequestError:
@@ -170,6 +170,11 @@ def parse_request(body: Any, models: tuple[str, ...]) -> ChatRequest:
     sampling = {k: v for k in ("temperature", "top_p")
                 if (v := _number(body, k, 0.0 if k == "temperature" else 1e-9, 2.0 if k == "temperature" else 1.0))
                 is not None}  # fmt: skip
+    seed = body.get("seed")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise _bad(f"seed must be an integer, got {seed!r}", "seed")
+        sampling["seed"] = seed
     opts = body.get("stream_options") or {}
     return ChatRequest(
         model=body["model"], messages=_messages(body.get("messages")), tools=tools,

@@ -26,12 +26,16 @@ concurrent trajectory. Per-trajectory state lives under an *instance id*:
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from verl_agent.tools.errors import ToolConfigError
 from verl_agent.tools.schema import OpenAIFunctionToolSchema
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["BaseTool", "ToolResponse"]
 
@@ -95,3 +99,12 @@ class BaseTool:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+async def shutdown_tools(tools: Iterable[BaseTool]) -> None:
+    """Each tool's `shutdown`; one tool's failure is logged and does not keep the others' resources alive."""
+    for tool in tools:
+        try:
+            await tool.shutdown()
+        except Exception:
+            logger.exception("tool %r: shutdown failed", tool.name)

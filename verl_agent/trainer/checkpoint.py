@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from verl_agent.trainer.policy import Policy
 
 __all__ = ["CKPT_DIR", "LATEST", "MARKER", "tmp_dir", "finalize", "discard", "verify", "find_latest",
-           "latest_checkpoint", "driver_state", "restore_driver_rng", "save_shards", "load_shards", "save_policy", "load_policy", "export_hf"]
+           "latest_checkpoint", "driver_state", "restore_driver_rng", "save_shards", "load_shards", "save_policy",
+           "load_policy", "export_hf", "resolve_checkpoint", "load_checkpoint_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -304,3 +305,42 @@ def _write_configs(model_path: str, tokenizer_path: str, out: Path, dtype: torch
     except OSError:  # the source has no generation_config.json: neither does the export
         pass
     AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out)
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """The complete checkpoint `path` names (itself, or a run dir's newest), whose run's config.yaml is there;
+    raises naming what is missing."""
+    path = Path(path)
+    if not (path / MARKER).exists():
+        latest, skipped = find_latest(path)
+        if latest is None:
+            raise FileNotFoundError(f"{path}: not a checkpoint (no {MARKER}) nor a run dir with a complete one"
+                                    + (f" ({'; '.join(skipped)})" if skipped else ""))
+        path = latest
+    problem = verify(path)
+    if problem:
+        raise ValueError(f"{path}: incomplete checkpoint: {problem}")
+    run_config = path.parent.parent / "config.yaml"
+    if not run_config.is_file():
+        raise FileNotFoundError(f"{path}: the run's {run_config.name} is not at {run_config} (it names the model)")
+    return path
+
+
+def load_checkpoint_model(path: Path, dtype: torch.dtype | None = None) -> tuple[nn.Module, str]:
+    """A trainer checkpoint's actor as a Hugging Face model on the CPU, in one process: `path` is a checkpoint
+    (``global_step_N``) or a run dir (its newest complete checkpoint). Returns (model, base model path): the
+    architecture and tokenizer come from the run's ``config.yaml`` (actor_rollout_ref.model)."""
+    from transformers import AutoModelForCausalLM
+
+    from verl_agent.config import load_config
+    from verl_agent.rollout.build import import_external_lib, resolve_model_path
+    from verl_agent.trainer.state_files import load_state
+
+    path = resolve_checkpoint(path)
+    model_cfg = load_config(str(path.parent.parent / "config.yaml")).actor_rollout_ref.model
+    import_external_lib(model_cfg)
+    base = resolve_model_path(model_cfg.path)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype or torch.float32,
+                                                 trust_remote_code=model_cfg.trust_remote_code)
+    load_state(path / "actor", {"model": model.state_dict()})  # fills the parameters in place, CRC-checked
+    return model.eval(), resolve_model_path(model_cfg.tokenizer_path or model_cfg.path)

@@ -109,13 +109,15 @@ class TrainingRun:
             self.step = self.result.resumed_from = state["step"]
             self.result.val_before = state.get("val_before", {})
             self.kl_ctrl.load_state_dict(state.get("kl_ctrl", self.kl_ctrl.state_dict()))
-        self.tracker = Tracker(cfg.run_dir, cfg.trainer.logger, append=self.step > 0)
+        self.tracker = Tracker(cfg.run_dir, cfg.trainer.logger, append=self.step > 0, config=cfg.model_dump(),
+                               project=cfg.trainer.project_name, experiment=cfg.trainer.experiment_name)
         self.tracker.truncate_after(self.step)
         _restore_metrics_line(self.tracker, self.step, state.get("metrics"))
         _truncate_trajectory_logs(cfg.run_dir, self.step)
         if self.step == 0 and cfg.trainer.val_before_train and self.val_samples:
             self.result.val_before = _validate(group, self.val_samples, cfg, 0)
             self.tracker.log(0, self.result.val_before, write=print)
+            self.tracker.log_trajectories(0, _trajectory_files(cfg.run_dir, 0))
         self.feeder = Feeder(group, self.dataset.batches(1), cfg, self.total, first=self.step + 1,
                              replay=state.get("in_flight", []))
 
@@ -190,6 +192,7 @@ class TrainingRun:
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         """The step's metrics line (JSONL, TensorBoard, console) and its place in the result's history."""
         self.tracker.log(step, metrics, write=self.bar.write)
+        self.tracker.log_trajectories(step, _trajectory_files(self.cfg.run_dir, step))
         self.result.history.append(metrics)
 
     def finish(self) -> None:
@@ -197,6 +200,7 @@ class TrainingRun:
         if self.val_samples:
             self.result.val_after = _validate(self.group, self.val_samples, self.cfg, self.total)
             self.tracker.log(self.total, self.result.val_after, write=print)
+            self.tracker.log_trajectories(self.total, _trajectory_files(self.cfg.run_dir, self.total)[1:])
         self.result.export_dir = Path(self.group.export_hf(str(self.cfg.run_dir / "hf_model")))
 
     def stopped(self, error: Exception) -> TrainingError:
@@ -290,6 +294,11 @@ def _validate(group: WorkerGroup, samples: list, cfg: RunConfig, step: int) -> d
     return val
 
 
+def _trajectory_files(run_dir: Path, step: int) -> list[Path]:
+    """The trajectory logs of `step` (trainer.log_trajectories): its training rollouts and its validation."""
+    return [run_dir / "trajectories" / f"{prefix}step_{step}.jsonl" for prefix in ("", "val_")]
+
+
 def _truncate_trajectory_logs(run_dir: Path, step: int) -> None:
     """On resume: drop trajectory logs of steps after the checkpoint (they are rolled out again)."""
     for path in (run_dir / "trajectories").glob("*step_*.jsonl"):
@@ -359,6 +368,8 @@ def _print_summary(result: TrainResult, tracker: Tracker | None) -> None:
               f"{calls_after / n_after:.2f}")
     if tracker is not None:
         print(f"metrics: {tracker.path}" + (f"   tensorboard: {tracker.tb_dir}" if tracker.tb is not None else ""))
+        for name, where in tracker.destinations.items():
+            print(f"{name}: {where}")
     if result.export_dir:
         print(f"final policy (Hugging Face format): {result.export_dir}")
 

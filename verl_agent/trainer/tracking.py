@@ -1,4 +1,5 @@
-"""Step metrics: a JSONL file and TensorBoard scalars in the run dir, and one console line per step.
+"""Step metrics: a JSONL file and TensorBoard scalars in the run dir, W&B / MLflow (`loggers.py`), and one
+console line per step.
 
 Console line (the figures a person watches): reward mean, success rate, KL,
 entropy, response length, turns, and where the step's time went (rollout,
@@ -47,9 +48,16 @@ def console_line(step: int, m: dict[str, float]) -> str:
 
 
 class Tracker:
-    """Writes metrics to <run_dir>/metrics.jsonl (always) and TensorBoard (if 'tensorboard' in loggers)."""
+    """Writes metrics to <run_dir>/metrics.jsonl (always), TensorBoard, W&B and MLflow (those named in loggers).
 
-    def __init__(self, run_dir: Path, loggers: list[str], append: bool = False) -> None:
+    `config` (the run config as a dict), `project` and `experiment` name the W&B / MLflow run
+    (trainer.project_name, trainer.experiment_name); see `trainer.loggers`.
+    """
+
+    def __init__(self, run_dir: Path, loggers: list[str], append: bool = False, config: dict[str, Any] | None = None,
+                 project: str = "verl_agent", experiment: str = "run") -> None:  # fmt: skip
+        from verl_agent.trainer.loggers import open_loggers
+
         self.path = run_dir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.console = "console" in loggers
@@ -61,6 +69,8 @@ class Tracker:
             self.tb = SummaryWriter(str(self.tb_dir))
         if not append and self.path.exists():
             self.path.unlink()
+        self.external = open_loggers(loggers, run_dir, project, experiment, config, resume=append)
+        self.destinations = {ext.key: ext.where for ext in self.external}  # for the end-of-run summary
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop what was logged for steps after the checkpoint (they will be recomputed).
@@ -95,9 +105,30 @@ class Tracker:
             for k, v in clean.items():
                 self.tb.add_scalar(k, v, step)
             self.tb.flush()
+        for ext in self.external:
+            _guarded(ext, "metrics", step, ext.log_metrics, step, clean)
         if self.console:
             write(console_line(step, clean))
+
+    def log_trajectories(self, step: int, paths: list[Path]) -> None:
+        """The step's trajectory JSONL files (those that exist) to W&B (a sampled table) and MLflow (artifacts)."""
+        paths = [p for p in paths if p.exists()]
+        for ext in self.external if paths else []:
+            _guarded(ext, "trajectories", step, ext.log_trajectories, step, paths)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        for ext in self.external:
+            _guarded(ext, "the end of the run", None, ext.close)
+        self.external = []
+
+
+def _guarded(ext: Any, what: str, step: int | None, fn: Any, *args: Any) -> None:
+    """An experiment tracker's call; its failure is a warning (metrics.jsonl has the data), never the run's end."""
+    try:
+        fn(*args)
+    except Exception as e:
+        when = f" of step {step}" if step is not None else ""
+        logger.warning("%s could not log %s%s (%s: %s); metrics.jsonl and the trajectory files have it", ext.key,
+                       what, when, type(e).__name__, e)
