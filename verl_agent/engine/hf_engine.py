@@ -205,7 +205,8 @@ class HFEngine:
                "sessions_evicted": b.sched.table.evicted, "sessions_idle": b.sched.table.n_idle,
                "kv_slots": b.budget.slots, "kv_tokens_per_slot": b.budget.length,
                "cuda_graphs": len(b.runner.graphs), "graph_captures": b.runner.captures,
-               "graph_capture_s": b.runner.capture_s}  # fmt: skip
+               "graph_capture_s": b.runner.capture_s,
+               "compile_cache_loaded": b.runner.compile_cache.loaded if b.runner.compile_cache else 0}  # fmt: skip
         return {f"engine/{k}": float(v) for k, v in out.items()}
 
     async def capture_graphs(self) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from verl_agent.engine.arena import make_arena
+from verl_agent.engine.compile_cache import CompileCache, compile_key
 from verl_agent.engine.kv_pool import KVBudget, SlotKVPool, slot_attention_enabled
 
 GraphCapture = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], None], torch.Tensor]]
@@ -76,6 +77,9 @@ class ModelRunner:
         # come from a few buckets; prefill chunks change shape at nearly every call.
         # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes.
         self.decode_model = torch.compile(model, dynamic=None) if compile_decode else model
+        self.compile_cache = CompileCache(compile_key(model.config, self.dtype, self.device)) if compile_decode else None
+        if self.compile_cache is not None:  # earlier runs' compiles of this shape (compile_cache.py)
+            self.compile_cache.load()
         self.min_kv = 256 if self.cuda_graphs else 64
         self.min_rows = 8 if self.cuda_graphs else 1
         self.pool: SlotKVPool | None = None
@@ -164,7 +168,10 @@ class ModelRunner:
         self.buf[:, :rows].copy_(torch.tensor([ids, positions, active], dtype=torch.long), non_blocking=True)
         if not self.cuda_graphs:
             with slot_attention_enabled(self.model):
-                return self._decode_forward(rows, kv_len).float()
+                out = self._decode_forward(rows, kv_len).float()
+            if self.compile_cache is not None:
+                self.compile_cache.saved_if_compiled()
+            return out
         graph = self.graphs.get((rows, kv_len)) or self._capture(rows, kv_len)
         if graph is None:
             with slot_attention_enabled(self.model):
@@ -193,6 +200,8 @@ class ModelRunner:
             self.cuda_graphs, self.capture = False, None
             return None
         self.graphs[(rows, kv_len)] = (replay, out)
+        if self.compile_cache is not None:
+            self.compile_cache.saved_if_compiled()
         dt = time.perf_counter() - t0
         self.capture_s, self.captures = self.capture_s + dt, self.captures + 1
         logger.info("captured decode graph rows=%d kv_len=%d in %.2fs", rows, kv_len, dt)
