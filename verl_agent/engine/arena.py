@@ -85,13 +85,14 @@ def _cu(name: str, *args: Any) -> None:
 
 
 class _CudaRange:
-    """A device address range as `__cuda_array_interface__`, for torch.as_tensor (no copy). Holds the arena,
-    so the range lives as long as any tensor over it."""
+    """A device address range as `__cuda_array_interface__`, for torch.as_tensor (no copy). The tensors over
+    it keep it alive; when the last one goes, its finalizer unmaps the memory and frees the addresses. (It
+    holds no reference to its `Arena`: a cycle through a tensor's storage would never be collected.)"""
 
-    def __init__(self, arena: Arena, ptr: int, nbytes: int) -> None:
-        self.arena = arena
+    def __init__(self, ptr: int, nbytes: int, handle: list[int]) -> None:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "version": 2, "strides": None}  # fmt: skip
+        weakref.finalize(self, _cuda_free, ptr, nbytes, handle)
 
 
 class Arena:
@@ -117,11 +118,11 @@ class Arena:
         self.nbytes = -(-nbytes // gran.value) * gran.value
         ptr = _U64()
         _cu("cuMemAddressReserve", ctypes.byref(ptr), self.nbytes, 0, 0, 0)
-        self._ptr, self._handle = ptr.value, [0]
-        weakref.finalize(self, _cuda_free, self._ptr, self.nbytes, self._handle)
+        self._ptr, self._handle = ptr.value, [0]  # the handle of the memory mapped there (0: none)
+        rng = _CudaRange(self._ptr, self.nbytes, self._handle)
         self.committed = False
         self.commit()
-        self.storage = torch.as_tensor(_CudaRange(self, self._ptr, self.nbytes), device=self.device)
+        self.storage = torch.as_tensor(rng, device=self.device)
 
     def carve(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """The next aligned piece of the arena as a tensor of `shape` and `dtype`."""
@@ -216,6 +217,15 @@ class ParamArena:
             for p, view, _ in self.params:
                 p.data = torch.empty(0, dtype=view.dtype, device=view.device)
         self.arena.release()
+
+    def hand_back(self) -> None:
+        """The parameters as ordinary tensors again (copies), for whoever uses the model after the engine;
+        the arena's memory goes once nothing else views it."""
+        with torch.no_grad():
+            for p, view, _ in self.params:
+                if p.data.data_ptr() == view.data_ptr():
+                    p.data = view.clone()
+        self.params = []
 
     def restore(self) -> None:
         """Memory back at the same addresses; the host copy (if parked with keep) written back."""

@@ -266,7 +266,15 @@ class HFEngine:
         self._closed = True
         self._batcher.closed = True
         await asyncio.get_running_loop().run_in_executor(self._executor, self._batcher.serve)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop_memory)
         self._executor.shutdown(wait=False)
+
+    def _drop_memory(self) -> None:
+        """The KV pool and the graphs go now; a model shared with others gets ordinary parameters back."""
+        self._batcher.runner.free(keep_graphs=False)
+        if self._params is not None:
+            self._params.hand_back()
+            self._params = None
 
     # -- internals ------------------------------------------------------------------------------
     def _check_prompt(self, prompt_ids: list[int]) -> None:

@@ -104,10 +104,10 @@ class ModelRunner:
         """Whether the graphs survive `free()`: the KV pool and the weights are at fixed addresses."""
         return self.fixed_weights and self.pool is not None and self.pool.arena is not None
 
-    def free(self) -> None:
+    def free(self, keep_graphs: bool = True) -> None:
         """Give the KV memory back (sleep). With fixed addresses the pool and the graphs stay, to be used
-        again after `ensure_pool()`; otherwise both are dropped."""
-        if self.keeps_graphs:
+        again after `ensure_pool()`; otherwise (or keep_graphs=False) both are dropped."""
+        if keep_graphs and self.keeps_graphs:
             assert self.pool is not None
             self.pool.release()
         else:
