@@ -89,6 +89,8 @@ def build_model_dir(shape: str, root: Path, device: str) -> Path:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     out = root / f"qwen2-{shape}"
+    if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():  # a --model-dir written earlier
+        return out
     cfg = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
                       bos_token_id=None, eos_token_id=2, pad_token_id=0)
     with torch.device(device):
@@ -355,7 +357,7 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the JSON result here")
     p.add_argument("--profile-step", type=int, default=0, help="profile this step (trainer.profile_steps)")
     p.add_argument("--profile-dir", type=Path, default=Path("profile"), help="where the profiles are copied")
-    p.add_argument("--model-dir", type=Path, default=None, help="where the random model is written (default: tmp)")
+    p.add_argument("--model-dir", type=Path, default=None, help="where the random model is written (default: tmp); one written there earlier is reused")
     p.add_argument("--results", action="store_true", help=f"append the JSON line to {RESULTS}/<shape>_<card>_<date>")
     args = p.parse_args()
     args.device = args.device or ("cpu" if args.shape == "tiny" else "cuda")

@@ -152,7 +152,11 @@ class Arena:
             return
         if self.device.type == "cuda":
             handle = _U64()
-            _cu("cuMemCreate", ctypes.byref(handle), self.nbytes, ctypes.byref(self._prop), 0)
+            try:
+                _cu("cuMemCreate", ctypes.byref(handle), self.nbytes, ctypes.byref(self._prop), 0)
+            except ArenaError:  # torch's allocator may hold free blocks it cached (the trainer's): return them
+                torch.cuda.empty_cache()
+                _cu("cuMemCreate", ctypes.byref(handle), self.nbytes, ctypes.byref(self._prop), 0)
             try:
                 _cu("cuMemMap", self._ptr, self.nbytes, 0, handle.value, 0)
                 _cu("cuMemSetAccess", self._ptr, self.nbytes, ctypes.byref(self._access), 1)

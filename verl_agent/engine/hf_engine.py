@@ -254,6 +254,8 @@ class HFEngine:
 
     def _restore(self) -> None:
         """On the decode thread, so that its stream orders the copies before the next step."""
+        if self.device.type == "cuda":  # the arenas take memory from the driver, not from torch's cache: give the
+            torch.cuda.empty_cache()  # blocks a colocated trainer freed back first, as its allocations reused them
         if self._params is not None:
             self._params.restore()
         for p, shape in self._discarded.values():
