@@ -194,7 +194,7 @@ class ParamArena:
     """A model's parameters in one `Arena` on `device`, moved there one at a time (at most one parameter
     exists twice). `park` before sleep, `restore` at wake: the parameters get the same addresses back."""
 
-    def __init__(self, model: Any, device: torch.device, arena: Arena) -> None:
+    def __init__(self, model: Any, arena: Arena) -> None:
         self.arena, self.host = arena, None
         self.params: list[tuple[torch.nn.Parameter, torch.Tensor, int]] = []  # param, its view, byte offset
         with torch.no_grad():
@@ -207,7 +207,7 @@ class ParamArena:
     @classmethod
     def adopt(cls, model: Any, device: torch.device) -> ParamArena | None:
         arena = make_arena(_aligned_total(list(model.parameters())), device, "weights")
-        return None if arena is None else cls(model, device, arena)
+        return None if arena is None else cls(model, arena)
 
     def park(self, keep: bool) -> None:
         """Free the device memory. keep: the parameters live on the host meanwhile (one copy of the whole
