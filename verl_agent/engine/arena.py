@@ -8,7 +8,8 @@ across the two, and graphs recorded over them replay after a wake as before. The
 
 - CUDA: the driver's virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap,
   cuMemSetAccess; cuMemUnmap and cuMemRelease to give it back), called through ctypes on libcuda, which
-  every CUDA machine has (no extra package; torch exposes no such API of its own).
+  every CUDA machine has (no extra package; torch's allocator has no way to give memory back while
+  keeping its addresses, short of a compiled pluggable allocator).
 - CPU: an anonymous mmap; `release()` hands its pages back to the kernel (madvise MADV_DONTNEED) and
   they read as zeros when touched again.
 
@@ -92,7 +93,8 @@ class _CudaRange:
     def __init__(self, ptr: int, nbytes: int, handle: list[int]) -> None:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "version": 2, "strides": None}  # fmt: skip
-        weakref.finalize(self, _cuda_free, ptr, nbytes, handle)
+        # not at exit: the process's end frees it all, and the driver may be shutting down by then
+        weakref.finalize(self, _cuda_free, ptr, nbytes, handle).atexit = False
 
 
 class Arena:
