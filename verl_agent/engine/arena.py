@@ -224,15 +224,6 @@ class ParamArena:
                 p.data = torch.empty(0, dtype=view.dtype, device=view.device)
         self.arena.release()
 
-    def hand_back(self) -> None:
-        """The parameters as ordinary tensors again (copies), for whoever uses the model after the engine;
-        the arena's memory goes once nothing else views it."""
-        with torch.no_grad():
-            for p, view, _ in self.params:
-                if p.data.data_ptr() == view.data_ptr():
-                    p.data = view.clone()
-        self.params = []
-
     def restore(self) -> None:
         """Memory back at the same addresses; the host copy (if parked with keep) written back."""
         self.arena.commit()

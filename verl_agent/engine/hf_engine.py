@@ -272,11 +272,10 @@ class HFEngine:
         self._executor.shutdown(wait=False)
 
     def _drop_memory(self) -> None:
-        """The KV pool and the graphs go now; a model shared with others gets ordinary parameters back."""
+        """The KV pool and the graphs go now. The parameters stay where they are, usable by whoever shares
+        the model: their arena lives as long as they do, like any tensor's memory."""
         self._batcher.runner.free(keep_graphs=False)
-        if self._params is not None:
-            self._params.hand_back()
-            self._params = None
+        self._params = None
 
     # -- internals ------------------------------------------------------------------------------
     def _check_prompt(self, prompt_ids: list[int]) -> None:
