@@ -17,6 +17,8 @@ tokens appended to the context. Rows, side by side in one run on one model:
 Reported: trajectories/s, generated tok/s, prefill tok/s, busy share (time inside
 forward + sampling / wall), p50/p99 turn latency. Every engine row is warmed up first.
 Prints a table and one JSON line. Random weights are fine: only shapes matter.
+On CUDA each engine row also gets a roofline line (bench/roofline.py): its decode ms per step against the
+bandwidth floor for the shape, its mean rows and the workload's mean context while decoding.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from roofline import roofline, roofline_line
 
 SHAPES = {
     "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -125,7 +128,23 @@ async def engine_row(model, row: str, trajs, warm, a) -> dict[str, float]:
     res["cuda_graphs"] = m.get("engine/cuda_graphs", 0.0)
     res["kv_slots"] = m.get("engine/kv_slots", 0.0)
     await engine.close()
+    if a.shape in SHAPES and a.device.startswith("cuda") and res.get("decode_steps"):
+        res["roofline"] = roofline(SHAPES[a.shape], torch.cuda.get_device_name(),
+                                   decode_ms=1e3 * res["decode_s"] / res["decode_steps"],
+                                   rows=res["decode_rows"] / res["decode_steps"], mean_context=decode_context(trajs))
+        print(f"# {row}: {roofline_line(res['roofline'])}", file=sys.stderr, flush=True)
     return res
+
+
+def decode_context(trajs: list[Trajectory]) -> float:
+    """Mean context length over the workload's generated tokens (what a decode step's rows attend to)."""
+    total = weighted = 0.0
+    for tr in trajs:
+        n = len(tr.prompt)
+        for t, _, tool in tr.turns:
+            total, weighted = total + t, weighted + t * (n + t / 2)
+            n += t + len(tool)
+    return weighted / max(1.0, total)
 
 
 def generate_row(model, trajs: list[Trajectory], a) -> dict[str, float]:

@@ -13,7 +13,10 @@ Our side runs through the public API only: `load_config(path, overrides)` -> `tr
 per-step `time/*` metrics of `TrainResult.history`. Step 1 is reported as "first"; "warm" is the mean
 of the later steps (but the one --profile-step names: the profiler slows it). Peak GPU memory is sampled with nvidia-smi (all processes), peak host RSS by
 summing /proc RSS of this process and all its descendants (Ray's workers included) every 0.25 s.
-MFU of the update = 6 x parameters x trained tokens / update seconds / 989 TFLOP/s (H200 dense bf16).
+MFU of the update = 6 x parameters x trained tokens / update seconds / the card's dense bf16 peak.
+A roofline line (bench/roofline.py) sets decode ms per step against the bandwidth floor for the shape and
+rows, and the update against 6ND / peak FLOP/s. `--results` appends the JSON line to
+bench/results/grpo_step_<shape>_<card>_<date>.jsonl, so that figures in the docs trace back to a run.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PEAK_FLOPS = 989e12
+from roofline import device_peaks, n_params, roofline, roofline_line  # noqa: E402 - bench/ is the script's dir
+
+RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = {  # Qwen2-0.5B and Qwen2-7B (config.json of the released models)
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
@@ -40,7 +45,8 @@ SHAPES = {  # Qwen2-0.5B and Qwen2-7B (config.json of the released models)
                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
 }
 PHASES = ("step", "rollout", "log_probs", "advantages", "update", "weight_sync")
-ENGINE_KEYS = ("prefill_s", "decode_s", "decode_steps", "graph_capture_s", "prefill_tokens")
+ENGINE_KEYS = ("prefill_s", "decode_s", "decode_steps", "decode_rows", "graph_capture_s", "graph_captures",
+               "prefill_tokens")
 
 
 def bench_reward(generated_text: str, ground_truth: str) -> float:
@@ -83,6 +89,8 @@ def build_model_dir(shape: str, root: Path, device: str) -> Path:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     out = root / f"qwen2-{shape}"
+    if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():  # a --model-dir written earlier
+        return out
     cfg = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
                       bos_token_id=None, eos_token_id=2, pad_token_id=0)
     with torch.device(device):
@@ -223,6 +231,8 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
     out["tokens_per_step"] = n * (last.get("rollout/prompt_length/mean", 0.0)
                                   + last.get("rollout/response_length/mean", 0.0))
     out["new_tokens_per_step"] = n * last.get("rollout/response_length/mean", 0.0)
+    out["prompt_len_mean"] = last.get("rollout/prompt_length/mean", 0.0)
+    out["response_len_mean"] = last.get("rollout/response_length/mean", 0.0)
     return out
 
 
@@ -284,14 +294,6 @@ def _try_trl(args, model_dir: Path, work: Path) -> dict | None:
 # -- report ---------------------------------------------------------------------------------------
 
 
-def n_params(shape: str) -> float:
-    s = SHAPES[shape]
-    h, i, L, v = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"], s["vocab_size"]
-    kv = h // s["num_attention_heads"] * s["num_key_value_heads"]
-    layer = h * h * 2 + 2 * h * kv + h + 2 * kv + 3 * h * i + 2 * h  # q, o, k, v (+ biases), mlp, norms
-    return L * layer + v * h * (1 if s["tie_word_embeddings"] else 2) + h
-
-
 def report(args, ours: dict, trl: dict | None) -> dict:
     rows = [("first step (s)", ours["first_step"], trl["first_step"] if trl else None),
             ("warm step (s)", ours["warm_step"], trl["warm_step"] if trl else None)]
@@ -303,13 +305,23 @@ def report(args, ours: dict, trl: dict | None) -> dict:
                  ("    engine decode steps (count)", steps, None),
                  ("    engine decode, per step (ms)", 1e3 * (ours["warm_engine_decode_s"] - capture) / steps, None),
                  ("    engine CUDA-graph captures (s)", capture, None),
+                 ("    engine CUDA-graph captures (count)", ours["warm_engine_graph_captures"], None),
                  ("    rollout outside the engine's forwards (s)",
                   ours["warm_rollout"] - ours["warm_engine_prefill_s"] - ours["warm_engine_decode_s"], None)]
-    out = {"shape": args.shape, "device": args.device, "ours": ours, "trl": trl}
+    out = {"shape": args.shape, "device": args.device, "device_name": args.device_name, "ours": ours, "trl": trl,
+           "argv": sys.argv[1:]}  # fmt: skip
     if args.shape in SHAPES and ours["warm_update"] > 0:
-        flops = 6 * n_params(args.shape) * ours["tokens_per_step"]
-        out["update_mfu"] = flops / ours["warm_update"] / PEAK_FLOPS
-        rows.append(("update MFU (6ND / 989 TFLOP/s)", out["update_mfu"], None))
+        _, peak, card = device_peaks(args.device_name)
+        flops = 6 * n_params(SHAPES[args.shape]) * ours["tokens_per_step"]
+        out["update_mfu"] = flops / ours["warm_update"] / peak
+        rows.append((f"update MFU (6ND / {peak / 1e12:.0f} TFLOP/s, {card})", out["update_mfu"], None))
+    if args.shape in SHAPES and steps and args.device == "cuda":
+        out["roofline"] = roofline(
+            SHAPES[args.shape], args.device_name,
+            decode_ms=1e3 * (ours["warm_engine_decode_s"] - ours["warm_engine_graph_capture_s"]) / steps,
+            rows=ours["warm_engine_decode_rows"] / steps,
+            mean_context=ours["prompt_len_mean"] + ours["response_len_mean"] / 2,
+            update_s=ours["warm_update"], tokens=ours["tokens_per_step"])  # fmt: skip
     if ours["warm_step"] > 0:
         out["tokens_per_s"] = ours["tokens_per_step"] / ours["warm_step"]
         rows.append(("tokens/s (prompt+response, warm step)", out["tokens_per_s"], None))
@@ -325,6 +337,8 @@ def report(args, ours: dict, trl: dict | None) -> dict:
     for name, a, b in rows:
         print(f"| {name} | {a:.3g} | {'' if b is None else f'{b:.3g}'} |")
     print(f"export written: {ours['export_ok']}" + (f"; ERROR: {ours['error']}" if ours["error"] else ""))
+    if "roofline" in out:
+        print(roofline_line(out["roofline"]))
     return out
 
 
@@ -343,9 +357,11 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the JSON result here")
     p.add_argument("--profile-step", type=int, default=0, help="profile this step (trainer.profile_steps)")
     p.add_argument("--profile-dir", type=Path, default=Path("profile"), help="where the profiles are copied")
-    p.add_argument("--model-dir", type=Path, default=None, help="where the random model is written (default: tmp)")
+    p.add_argument("--model-dir", type=Path, default=None, help="where the random model is written (default: tmp); one written there earlier is reused")
+    p.add_argument("--results", action="store_true", help=f"append the JSON line to {RESULTS}/<shape>_<card>_<date>")
     args = p.parse_args()
     args.device = args.device or ("cpu" if args.shape == "tiny" else "cuda")
+    args.device_name = _device_name(args.device)
     os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "ray"))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     with tempfile.TemporaryDirectory(prefix="grpo_bench_") as tmp:
@@ -361,6 +377,21 @@ def main() -> None:
     print(line)
     if args.json:
         args.json.write_text(line + "\n")
+    if args.results:
+        card = device_peaks(args.device_name)[2].split()[0] if args.device == "cuda" else "cpu"
+        path = RESULTS / f"grpo_step_{args.shape}_{card}_{time.strftime('%Y-%m-%d')}.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        with path.open("a") as f:
+            f.write(line + "\n")
+        print(f"appended to {path}")
+
+
+def _device_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 if __name__ == "__main__":

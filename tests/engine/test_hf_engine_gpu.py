@@ -119,6 +119,43 @@ async def _decode_beside_training() -> None:
     await engine.close()
 
 
+async def _graphs_survive_sleep() -> None:
+    """Weights and KV pool in fixed-address arenas (CUDA VMM): sleep gives their memory back to the device,
+    wake takes it again, and the recorded graphs replay with no new capture and the same samples; the
+    trainer's sleep (discard, then load every weight) and the keeping sleep alike."""
+    from verl_agent.engine.contract import SamplingParams
+    from verl_agent.engine.hf_engine import HFEngine
+
+    model = _model()
+    saved = [(n, t.detach().clone()) for n, t in model.state_dict().items()]
+    engine = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512)
+    sp = SamplingParams(temperature=0.8, top_k=50, max_new_tokens=40, seed=3)
+    prompts = [[(3 * i + j) % 1000 + 2 for j in range(2 + 3 * i)] for i in range(12)]
+    first = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+    captures = engine.metrics()["engine/graph_captures"]
+    runner = engine._batcher.runner
+    assert captures >= 1 and engine._params is not None and runner.pool.arena is not None, "no VMM arenas"
+    held = engine._params.arena.nbytes + runner.pool.arena.nbytes
+    for discard in (True, False):
+        free_awake = torch.cuda.mem_get_info()[0]
+        await engine.sleep(discard_weights=discard)
+        assert torch.cuda.mem_get_info()[0] - free_awake >= held, "sleep did not give the arenas' memory back"
+        await engine.wake_up()
+        if discard:
+            await engine.update_weights(saved)
+        again = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+        assert [o.token_ids for o in again] == [o.token_ids for o in first]
+        assert max(abs(x - y) for a, b in zip(again, first) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+        assert engine.metrics()["engine/graph_captures"] == captures, "graphs were recorded again after a wake"
+    await engine.close()
+    assert all(p.is_cuda and p.numel() > 0 for p in model.parameters())  # the model is usable after close
+    model(torch.tensor([[5, 6, 7]], device="cuda"))
+
+
+def test_graphs_survive_sleep_and_wake() -> None:
+    asyncio.run(_graphs_survive_sleep())
+
+
 def test_decode_does_not_wait_for_the_default_stream() -> None:
     asyncio.run(_decode_beside_training())
 
@@ -128,6 +165,8 @@ def test_graphs_match_eager_and_a_full_forward() -> None:
 
 
 if __name__ == "__main__":
+    asyncio.run(_graphs_survive_sleep())
+    print("GPU graphs survive sleep and wake OK")
     asyncio.run(_compare_continuous())
     print("GPU continuous path OK")
     asyncio.run(_decode_beside_training())

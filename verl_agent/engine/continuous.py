@@ -25,7 +25,7 @@ import torch
 
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.engine.kv_pool import KVBudget
-from verl_agent.engine.model_runner import ModelRunner
+from verl_agent.engine.model_runner import GraphCapture, ModelRunner
 from verl_agent.engine.sampling import RowParams, row_rng, sample
 from verl_agent.engine.scheduler import Chunk, Scheduler
 from verl_agent.engine.sequence import Seq, SeqState
@@ -50,8 +50,9 @@ class ContinuousBatcher:
     def __init__(
         self, model: Any, budget: KVBudget, *, pad_id: int, cache_kw: str, cuda_graphs: bool,
         max_num_batched_tokens: int, generator: torch.Generator, compile_decode: bool = False,
+        capture: GraphCapture | None = None,
     ) -> None:  # fmt: skip
-        self.runner = ModelRunner(model, budget, pad_id, cache_kw, cuda_graphs, compile_decode)
+        self.runner = ModelRunner(model, budget, pad_id, cache_kw, cuda_graphs, compile_decode, capture)
         self.sched = Scheduler(budget.slots, max_num_batched_tokens)
         self.budget = budget
         self.generator = generator

@@ -66,7 +66,8 @@ FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 # `metrics()` names that are current values, not cumulative counters
 ENGINE_GAUGES = frozenset(
-    {"engine/kv_slots", "engine/kv_tokens_per_slot", "engine/cuda_graphs", "engine/sessions_idle"}
+    {"engine/kv_slots", "engine/kv_tokens_per_slot", "engine/cuda_graphs", "engine/sessions_idle",
+     "engine/compile_cache_loaded"}
 )
 
 

@@ -15,6 +15,9 @@ CPU; `wake_up()` moves them back. On CPU there is no device memory to give
 back, so `sleep()` only drops caches. `sleep(discard_weights=True)` drops the
 weights instead, on any device, for callers that load them all again after
 `wake_up()` (the trainer pushes every parameter after each update).
+With decode graphs the weights and the KV pool live in fixed-address arenas
+(arena.py): sleep gives their memory back, wake takes it again at the same
+addresses, and the recorded graphs replay without being recorded again.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from typing import Any
 
 import torch
 
+from verl_agent.engine.arena import ParamArena
 from verl_agent.engine.continuous import ContinuousBatcher, KVCacheOverflowError
 from verl_agent.engine.contract import GenerateOutput, SamplingParams
 from verl_agent.engine.kv_pool import plan_budget
+from verl_agent.engine.model_runner import GraphCapture
 from verl_agent.engine.settings import HFEngineSettings
 
 logger = logging.getLogger(__name__)
@@ -44,7 +49,15 @@ class EngineClosedError(RuntimeError):
     """generate() was called after close()."""
 
 
-def _load(model: str | Path | Any, device: str, dtype: str | torch.dtype | None) -> Any:
+def _load(model: str | Path | Any, device: str, dtype: str | torch.dtype | None, fixed: bool) -> tuple[Any, Any]:
+    """The model on `device`, cast to `dtype`; fixed: its parameters in a `ParamArena` (returned, or None
+    where the driver refuses one), moved there one at a time."""
+    model = _cast(model, dtype)
+    params = ParamArena.adopt(model, torch.device(device)) if fixed else None
+    return model.to(device).eval(), params
+
+
+def _cast(model: str | Path | Any, dtype: str | torch.dtype | None) -> Any:
     if isinstance(model, (str, Path)):
         from transformers import AutoModelForCausalLM
 
@@ -55,7 +68,7 @@ def _load(model: str | Path | Any, device: str, dtype: str | torch.dtype | None)
         for p in model.parameters():
             if p.is_floating_point():
                 p.data = p.data.to(dtype)
-    return model.to(device).eval()
+    return model
 
 
 def _eos_ids(model: Any) -> list[int]:
@@ -104,12 +117,17 @@ class HFEngine:
     model: a HF path/id or an already-built model (e.g. the trainer's colocated replica).
     settings: see `HFEngineSettings`; keyword arguments override single fields of it
         (`HFEngine(model, stop_on_eos=False, max_model_len=128)`).
+    graph_capture: records decode steps instead of CUDA graphs (`model_runner.GraphCapture`); for tests
+        of the graph path on CPU.
     """
 
-    def __init__(self, model: str | Path | Any, settings: HFEngineSettings | None = None, **overrides: Any) -> None:
+    def __init__(self, model: str | Path | Any, settings: HFEngineSettings | None = None, *,
+                 graph_capture: GraphCapture | None = None, **overrides: Any) -> None:  # fmt: skip
         s = self.settings = _with_overrides(settings, overrides)
         self.device = torch.device(s.device)
-        self.model = _load(model, s.device, s.dtype)
+        self._graph_capture = graph_capture
+        graphs = graph_capture is not None or (s.cuda_graphs and self.device.type == "cuda")
+        self.model, self._params = _load(model, s.device, s.dtype, fixed=graphs)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self._stops = frozenset(_eos_ids(self.model)) if s.stop_on_eos else frozenset()
         self._generator = torch.Generator(device=self.device)
@@ -136,11 +154,13 @@ class HFEngine:
         budget = plan_budget(self.model, s.max_num_seqs, length, s.gpu_memory_utilization, s.kv_cache_bytes)
         _refuse_unsupported_attention(self.model.config, budget.length)
         logger.info("HFEngine continuous batching: %s", budget.describe())
-        return ContinuousBatcher(
+        batcher = ContinuousBatcher(
             self.model, budget, pad_id=_pad_id(self.model, self.vocab_size), cache_kw=_cache_kw(self.model),
             cuda_graphs=s.cuda_graphs, max_num_batched_tokens=s.max_num_batched_tokens, generator=self._generator,
-            compile_decode=s.torch_compile,
+            compile_decode=s.torch_compile, capture=self._graph_capture,
         )  # fmt: skip
+        batcher.runner.fixed_weights = self._params is not None
+        return batcher
 
     # -- Engine API ---------------------------------------------------------------------------
 
@@ -185,7 +205,8 @@ class HFEngine:
                "sessions_evicted": b.sched.table.evicted, "sessions_idle": b.sched.table.n_idle,
                "kv_slots": b.budget.slots, "kv_tokens_per_slot": b.budget.length,
                "cuda_graphs": len(b.runner.graphs), "graph_captures": b.runner.captures,
-               "graph_capture_s": b.runner.capture_s}  # fmt: skip
+               "graph_capture_s": b.runner.capture_s,
+               "compile_cache_loaded": b.runner.compile_cache.loaded if b.runner.compile_cache else 0}  # fmt: skip
         return {f"engine/{k}": float(v) for k, v in out.items()}
 
     async def capture_graphs(self) -> int:
@@ -208,33 +229,53 @@ class HFEngine:
         `discard_weights` are dropped (no copy, for callers that push every parameter again); then
         `generate` refuses until `update_weights` has replaced every parameter again."""
         async with self._get_lock():
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._batcher.free_memory)
-            if discard_weights:
-                for name, p in self.model.named_parameters():  # tied parameters appear once
-                    self._discarded.setdefault(name, (p, p.shape))
-                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-            elif self.device.type != "cpu":
-                self.model.to("cpu")
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._free, discard_weights)
             self._asleep = True
+
+    def _free(self, discard_weights: bool) -> None:
+        self._batcher.free_memory()
+        if discard_weights:
+            for name, p in self.model.named_parameters():  # tied parameters appear once
+                self._discarded.setdefault(name, (p, p.shape))
+        if self._params is not None and (discard_weights or self.device.type != "cpu"):
+            self._params.park(keep=not discard_weights)  # same addresses at wake: graphs stay valid
+        elif discard_weights:
+            for p, _ in self._discarded.values():
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        elif self.device.type != "cpu":
+            self.model.to("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     async def wake_up(self) -> None:
         async with self._get_lock():
-            for p, shape in self._discarded.values():
-                if p.shape != shape:  # room for update_weights to fill
-                    p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
-            self.model.to(self.device)
-            if self._stream is not None:  # moved on this thread's stream; the decode thread reads them on its own
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._restore)
             self._asleep = False
+
+    def _restore(self) -> None:
+        """On the decode thread, so that its stream orders the copies before the next step."""
+        if self.device.type == "cuda":  # the arenas take memory from the driver, not from torch's cache: give the
+            torch.cuda.empty_cache()  # blocks a colocated trainer freed back first, as its allocations reused them
+        if self._params is not None:
+            self._params.restore()
+        for p, shape in self._discarded.values():
+            if p.shape != shape:  # room for update_weights to fill
+                p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
+        self.model.to(self.device)
 
     async def close(self) -> None:
         """Abort every request still queued or running (finish "abort") and stop the decode thread."""
         self._closed = True
         self._batcher.closed = True
         await asyncio.get_running_loop().run_in_executor(self._executor, self._batcher.serve)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop_memory)
         self._executor.shutdown(wait=False)
+
+    def _drop_memory(self) -> None:
+        """The KV pool and the graphs go now. The parameters stay where they are, usable by whoever shares
+        the model: their arena lives as long as they do, like any tensor's memory."""
+        self._batcher.runner.free(keep_graphs=False)
+        self._params = None
 
     # -- internals ------------------------------------------------------------------------------
     def _check_prompt(self, prompt_ids: list[int]) -> None:

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from verl_agent.engine.arena import ALIGN, Arena
+
 ATTN_NAME = "verl_agent_slots"
 
 __all__ = ["ATTN_NAME", "KVBudget", "SlotKVPool", "decode_reserve", "device_available_bytes", "device_memory_bytes",
@@ -210,19 +212,42 @@ class SlotKVPool:
 
     is_compileable = False
 
-    def __init__(self, config: Any, slots: int, length: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, config: Any, slots: int, length: int, dtype: torch.dtype, device: torch.device,
+                 arena: Arena | None = None) -> None:  # fmt: skip
         layers, kv_heads, head_dim = _shape(config)
         self.slots, self.length, self.scratch = slots, length, length
         shape = (slots, kv_heads, length + 1, head_dim)
         # Columns are zeroed on first use (`plan`), so host RAM is committed only as far as sequences reach;
         # attention reads masked columns too, and uninitialised memory could hold NaN, which masks keep.
-        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        # In an `arena` (see arena.py) the tensors keep their addresses across release and commit.
+        new = (lambda: arena.carve(shape, dtype)) if arena is not None else (
+            lambda: torch.empty(shape, dtype=dtype, device=device))
+        self.k = [new() for _ in range(layers)]
+        self.v = [new() for _ in range(layers)]
+        self.arena = arena
         self._clean = 0  # columns [0, _clean) of every slot hold zeros or written K/V
         self._all_rows = torch.arange(slots, device=device)
         self.rows: torch.Tensor | None = None
         self.write_pos: torch.Tensor | None = None
         self.kv_len = length
+
+    @staticmethod
+    def arena_bytes(config: Any, slots: int, length: int, dtype: torch.dtype) -> int:
+        """Bytes an `Arena` needs to hold a pool of this size."""
+        layers, kv_heads, head_dim = _shape(config)
+        one = slots * kv_heads * (length + 1) * head_dim * torch.empty((), dtype=dtype).element_size()
+        return 2 * layers * -(-one // ALIGN) * ALIGN
+
+    def release(self) -> None:
+        """Give the arena's memory back (the tensors keep their addresses; `commit` before the next use)."""
+        assert self.arena is not None
+        self.arena.release()
+
+    def commit(self) -> None:
+        """Memory back under the tensors; its contents are gone, so every column is zeroed again on use."""
+        if self.arena is not None and not self.arena.committed:
+            self.arena.commit()
+            self._clean = 0
 
     def plan(self, write_pos: torch.Tensor, kv_len: int, rows: torch.Tensor | None = None) -> None:
         assert kv_len <= self._clean, f"call ensure_clean({kv_len}) before the forward (outside graph capture)"

@@ -7,17 +7,32 @@ column. On CUDA each (R, kv_len) bucket is captured once as a CUDA graph
 (lazily, or all at once by `capture_all`) and replayed; its inputs live in
 one static buffer. Prefill chunks have varying shapes and run eagerly.
 CPU runs the same code without graphs.
+
+Graphs outlive sleep: the KV pool lives in an `Arena` (arena.py) whose memory `free()` gives back and
+`ensure_pool()` takes again at the same addresses, and the engine keeps its weights in one too
+(`fixed_weights`), so the recorded pointers stay valid and a wake records nothing. Where the driver
+refuses fixed-address memory, `free()` drops the graphs as well and they are recorded again on use.
+
+`capture` is the seam that records a step: `capture(step) -> (replay, out)`, where `step()` runs one
+decode forward and returns its logits, `replay()` runs the recorded step again and `out` is the tensor it
+writes. On CUDA it is a CUDA graph; CPU has none, so tests pass one that counts recordings (see
+tests/engine/test_graphs_survive_sleep.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from verl_agent.engine.arena import make_arena
+from verl_agent.engine.compile_cache import CompileCache, compile_key
 from verl_agent.engine.kv_pool import KVBudget, SlotKVPool, slot_attention_enabled
+
+GraphCapture = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], None], torch.Tensor]]
 
 logger = logging.getLogger(__name__)
 
@@ -26,39 +41,77 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def cuda_graph_capture(pool: Any) -> GraphCapture:
+    """Record a step as a CUDA graph with its memory in `pool`; the warm-up run writes what the replay writes."""
+
+    def capture(step: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the trainer's thread keeps launching its own kernels (async modes) while we capture
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            out = step()
+        return graph.replay, out
+
+    return capture
+
+
 class ModelRunner:
     def __init__(
-        self, model: Any, budget: KVBudget, pad_id: int, cache_kw: str, cuda_graphs: bool, compile_decode: bool = False
-    ) -> None:
+        self, model: Any, budget: KVBudget, pad_id: int, cache_kw: str, cuda_graphs: bool, compile_decode: bool = False,
+        capture: GraphCapture | None = None,
+    ) -> None:  # fmt: skip
         self.model, self.budget, self.pad_id, self.cache_kw = model, budget, pad_id, cache_kw
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        if capture is None and cuda_graphs and self.device.type == "cuda":
+            capture = cuda_graph_capture(torch.cuda.graph_pool_handle())
+        self.capture = capture
+        self.cuda_graphs = capture is not None  # decode steps are recorded and replayed
+        self.fixed_weights = False  # the engine keeps the weights at fixed addresses across sleep (arena.py)
         # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
         # dozens a layer, each a kernel of its own even inside a CUDA graph). Decode steps only: their shapes
         # come from a few buckets; prefill chunks change shape at nearly every call.
         # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes.
         self.decode_model = torch.compile(model, dynamic=None) if compile_decode else model
+        self.compile_cache = CompileCache(compile_key(model.config, self.dtype, self.device)) if compile_decode else None
+        if self.compile_cache is not None:  # earlier runs' compiles of this shape (compile_cache.py)
+            self.compile_cache.load()
         self.min_kv = 256 if self.cuda_graphs else 64
         self.min_rows = 8 if self.cuda_graphs else 1
         self.pool: SlotKVPool | None = None
-        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], tuple[Callable[[], None], torch.Tensor]] = {}
         self.busy_s = 0.0  # time inside forward + sampling (synchronised by the caller's .tolist())
-        self.capture_s, self.captures = 0.0, 0  # CUDA-graph captures (a sleep drops the graphs: they recur)
+        self.capture_s, self.captures = 0.0, 0  # graph recordings (once per bucket while addresses hold)
 
     # -- memory ---------------------------------------------------------------------------------------
     def ensure_pool(self) -> SlotKVPool:
         if self.pool is None:
-            b = self.budget
-            self.pool = SlotKVPool(self.model.config, b.slots, b.length, self.dtype, self.device)
+            b, cfg = self.budget, self.model.config
+            arena = make_arena(SlotKVPool.arena_bytes(cfg, b.slots, b.length, self.dtype), self.device,
+                               "KV cache") if self.cuda_graphs else None  # fmt: skip
+            self.pool = SlotKVPool(cfg, b.slots, b.length, self.dtype, self.device, arena)
             self.buf = torch.zeros(3, b.slots, dtype=torch.long, device=self.device)  # ids, positions, active
             self.kv_arange = torch.arange(b.length, device=self.device)
-            self.mempool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        self.pool.commit()
         return self.pool
 
-    def free(self) -> None:
-        """Drop the pool and the captured graphs (sleep / weight update of a sleeping engine)."""
-        self.pool, self.graphs = None, {}
+    @property
+    def keeps_graphs(self) -> bool:
+        """Whether the graphs survive `free()`: the KV pool and the weights are at fixed addresses."""
+        return self.fixed_weights and self.pool is not None and self.pool.arena is not None
+
+    def free(self, keep_graphs: bool = True) -> None:
+        """Give the KV memory back (sleep). With fixed addresses the pool and the graphs stay, to be used
+        again after `ensure_pool()`; otherwise (or keep_graphs=False) both are dropped."""
+        if keep_graphs and self.keeps_graphs:
+            assert self.pool is not None
+            self.pool.release()
+        else:
+            self.pool, self.graphs = None, {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -115,12 +168,15 @@ class ModelRunner:
         self.buf[:, :rows].copy_(torch.tensor([ids, positions, active], dtype=torch.long), non_blocking=True)
         if not self.cuda_graphs:
             with slot_attention_enabled(self.model):
-                return self._decode_forward(rows, kv_len).float()
+                out = self._decode_forward(rows, kv_len).float()
+            if self.compile_cache is not None:
+                self.compile_cache.saved_if_compiled()
+            return out
         graph = self.graphs.get((rows, kv_len)) or self._capture(rows, kv_len)
         if graph is None:
             with slot_attention_enabled(self.model):
                 return self._decode_forward(rows, kv_len).float()
-        graph[0].replay()
+        graph[0]()
         return graph[1].float()
 
     def _decode_forward(self, rows: int, kv_len: int) -> torch.Tensor:
@@ -132,29 +188,24 @@ class ModelRunner:
         pool.plan(write, kv_len)
         return self._forward(ids[:, None], pos[:, None], mask, self.decode_model)
 
-    def _capture(self, rows: int, kv_len: int) -> tuple[Any, torch.Tensor] | None:
-        """Record the decode step for one bucket; the warm-up run writes exactly what the replay writes."""
+    def _capture(self, rows: int, kv_len: int) -> tuple[Callable[[], None], torch.Tensor] | None:
+        """Record the decode step for one bucket."""
+        assert self.capture is not None
         t0 = time.perf_counter()
         try:
             with slot_attention_enabled(self.model):
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    self._decode_forward(rows, kv_len)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                # thread_local: the trainer's thread keeps launching its own kernels (async modes) while we capture
-                with torch.cuda.graph(graph, pool=self.mempool, capture_error_mode="thread_local"):
-                    out = self._decode_forward(rows, kv_len)
+                replay, out = self.capture(lambda: self._decode_forward(rows, kv_len))
         except Exception:
-            logger.exception("CUDA graph capture of the decode step failed; decoding eagerly from now on")
-            self.cuda_graphs = False
+            logger.exception("graph capture of the decode step failed; decoding eagerly from now on")
+            self.cuda_graphs, self.capture = False, None
             return None
-        self.graphs[(rows, kv_len)] = (graph, out)
+        self.graphs[(rows, kv_len)] = (replay, out)
+        if self.compile_cache is not None:
+            self.compile_cache.saved_if_compiled()
         dt = time.perf_counter() - t0
         self.capture_s, self.captures = self.capture_s + dt, self.captures + 1
         logger.info("captured decode graph rows=%d kv_len=%d in %.2fs", rows, kv_len, dt)
-        return graph, out
+        return replay, out
 
     def capture_all(self) -> int:
         """Capture every decode bucket now (largest first, so the smaller ones reuse its memory)."""

@@ -31,9 +31,11 @@ class HFEngineSettings:
     gpu_memory_utilization: share of the device's memory (host RAM on CPU) that weights + KV cache may use;
         fewer slots (or shorter ones) when max_num_seqs x max_model_len do not fit.
     kv_cache_bytes: the KV budget in bytes, instead of gpu_memory_utilization.
-    cuda_graphs: on CUDA, replay each decode step as a captured CUDA graph (CPU decodes eagerly either way).
+    cuda_graphs: on CUDA, replay each decode step as a captured CUDA graph (CPU decodes eagerly either way);
+        the weights and the KV pool then live at fixed addresses (arena.py), so the graphs survive sleep/wake.
     torch_compile: torch.compile the decode step's forward (then captured as CUDA graphs on CUDA): fewer,
-        fused kernels a layer, for a compile per decode shape on first use.
+        fused kernels a layer, for a compile per decode shape on first use; the compiled artifacts are kept
+        under $VERL_AGENT_CACHE/compile and loaded by later runs (compile_cache.py).
     """
 
     device: str = "cpu"

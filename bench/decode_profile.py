@@ -1,0 +1,93 @@
+"""Where a decode step's time goes: the hf engine's decode on a saved model, timed, then under torch.profiler.
+
+  python bench/decode_profile.py --model-dir /dev/shm/qwen2-7b --rows 64      # a model bench/grpo_step.py wrote
+
+Runs `rows` requests of `--prompt` random tokens and `--new` new tokens twice (the first warms up: graphs,
+compiles), reports decode ms per step with its roofline share, then profiles one more round and prints the
+top kernels by GPU time, and the share of matrix products, attention and the rest. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from roofline import roofline, roofline_line
+
+KINDS = (("gemm", ("gemm", "gemv", "sm90_xmma", "cutlass", "nvjet", "splitk")), ("attention", ("flash", "fmha", "attention", "sdpa")))
+
+
+async def one_round(engine, rows: int, prompt: int, new: int, vocab: int, seed: int) -> tuple[float, float]:
+    from verl_agent.engine.contract import SamplingParams
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(prompt)] for _ in range(rows)]
+    sp = SamplingParams(temperature=1.0, top_k=0, max_new_tokens=new, seed=seed)
+    m0 = engine.metrics()
+    await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+    m1 = engine.metrics()
+    steps = m1["engine/decode_steps"] - m0["engine/decode_steps"]
+    return 1e3 * (m1["engine/decode_s"] - m0["engine/decode_s"]) / steps, (m1["engine/decode_rows"] - m0["engine/decode_rows"]) / steps
+
+
+def kernel_table(prof, top: int) -> tuple[list[tuple[str, float]], dict[str, float]]:
+    times: dict[str, float] = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
+        if t > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
+            times[e.key] = times.get(e.key, 0.0) + t
+    total = sum(times.values()) or 1.0
+    kinds = {k: 0.0 for k, _ in KINDS} | {"other": 0.0}
+    for name, t in times.items():
+        kind = next((k for k, words in KINDS if any(w in name.lower() for w in words)), "other")
+        kinds[kind] += t / total
+    ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
+    return [(n[:110], t / total) for n, t in ranked], kinds
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-dir", type=Path, required=True)
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--prompt", type=int, default=173)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--compile", action="store_true", help="rollout.enable_torch_compile")
+    p.add_argument("--top", type=int, default=15)
+    a = p.parse_args()
+    from transformers import AutoConfig
+
+    from verl_agent.engine.hf_engine import HFEngine
+
+    cfg = AutoConfig.from_pretrained(a.model_dir)
+    engine = HFEngine(str(a.model_dir), device="cuda", dtype="bfloat16", stop_on_eos=False, max_num_seqs=a.rows,
+                      max_model_len=a.prompt + a.new, torch_compile=a.compile, gpu_memory_utilization=0.9)
+    t0 = time.perf_counter()
+    await one_round(engine, a.rows, a.prompt, a.new, cfg.vocab_size, 0)
+    first_s = time.perf_counter() - t0
+    ms, rows = await one_round(engine, a.rows, a.prompt, a.new, cfg.vocab_size, 1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        await one_round(engine, a.rows, a.prompt, a.new, cfg.vocab_size, 2)
+    shape = {k: getattr(cfg, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                           "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                           "tie_word_embeddings")}  # fmt: skip
+    roof = roofline(shape, torch.cuda.get_device_name(), decode_ms=ms, rows=rows, mean_context=a.prompt + a.new / 2)
+    top, kinds = kernel_table(prof, a.top)
+    print(f"first round (warm-up incl. captures/compiles) {first_s:.1f} s; {roofline_line(roof)}")
+    print("GPU time by kind: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in kinds.items()))
+    for name, share in top:
+        print(f"{100 * share:5.1f} %  {name}")
+    print(json.dumps({"bench": "decode_profile", "model": str(a.model_dir), "compile": a.compile, "first_round_s": first_s,
+                      "roofline": roof, "kinds": kinds, "top": top, "metrics": engine.metrics()}))
+    await engine.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
