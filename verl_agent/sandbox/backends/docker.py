@@ -172,6 +172,7 @@ class DockerBackend(SandboxBackend):
             "no_capabilities": lambda: host.update(CapAdd=["SYS_PTRACE"]),
             "own_pid_namespace": lambda: host.update(PidMode="host"),
             "clean_env": lambda: config.update(Env=[f"{k}={v}" for k, v in os.environ.items()]),
+            "no_host_env": lambda: config.update(Env=[f"{k}={v}" for k, v in os.environ.items()]),
             "memory_limit": lambda: host.update(Memory=host["Memory"] * 8, MemorySwap=host["MemorySwap"] * 8),
             "pids_limit": lambda: host.update(PidsLimit=host["PidsLimit"] * 16),
             "cpu_limit": lambda: host.update(NanoCpus=0),
