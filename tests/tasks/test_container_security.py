@@ -234,5 +234,6 @@ def test_every_case_has_a_twin():
 
     cases = {n: f for n, f in globals().items() if n.startswith("test_") and n != "test_every_case_has_a_twin"}
     assert len(cases) == 13
-    untwinned = [n for n, f in cases.items() if not any(s in inspect.getsource(f) for s in ("await both(", "twin = Box("))]
+    marks = ("await both(", "twin = Box(")
+    untwinned = [n for n, f in cases.items() if not any(m in inspect.getsource(f) for m in marks)]
     assert untwinned == [], untwinned
