@@ -37,6 +37,9 @@ MIRROR = "http://deb.debian.org/debian"
 
 
 def image_exists(name: str) -> bool:
+    """True when the docker CLI is there and knows the image ``name``."""
+    if shutil.which("docker") is None:
+        return False
     return subprocess.run(["docker", "image", "inspect", name], capture_output=True).returncode == 0
 
 
