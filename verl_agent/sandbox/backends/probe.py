@@ -40,6 +40,7 @@ WEAKENINGS = GUARANTEES + ("fd_limit", "run_timeout", "run_memory_limit", "outpu
 IMPLIED = {"read_only_system": ("only_scratch_writable",), "non_root_uid": ("only_scratch_writable",),
            "private_tmp": ("disk_limit",), "no_host_env": ("clean_env",)}
 
+
 class IsolationError(RuntimeError):
     """A guarantee of the threat model does not hold on this host; the backend refuses to serve."""
 
