@@ -36,11 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import shutil
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import docker
@@ -123,6 +126,9 @@ class DockerBackend(SandboxBackend):
         if not docker_available():
             raise RuntimeError("docker backend: the docker daemon does not answer (run scripts/setup_docker.sh)")
         self._docker = docker_client()
+        # the SDK blocks: its calls run here, as many at once as the client has connections (removals of a
+        # burst's sandboxes need not queue behind the event loop's few default threads)
+        self._calls = ThreadPoolExecutor(16, thread_name_prefix="docker-api")
         try:
             self._docker.images.get(image)
         except docker.errors.ImageNotFound:
@@ -222,28 +228,29 @@ class DockerBackend(SandboxBackend):
     async def spawn(self) -> Worker:
         name = self.new_name("verl-sbx")
         try:
-            container = await asyncio.to_thread(self._docker.containers.create, name=name,
-                                                **self._config(agent_argv(weaken=self.weaken)))
+            container = await self._call(self._docker.containers.create, name=name,
+                                         **self._config(agent_argv(weaken=self.weaken)))
         except DOCKER_ERRORS as e:
             raise OSError(f"docker backend: creating {name} failed: {e}") from e
         proc = None
         try:
             proc = await AttachedContainer.open(container)  # before the start: no output is missed
-            await asyncio.to_thread(container.start)
+            await self._call(container.start)
         except BaseException as e:
             if proc is not None:
                 proc.kill()
             with contextlib.suppress(*DOCKER_ERRORS):
-                await asyncio.to_thread(container.remove, force=True)
+                await self._call(container.remove, force=True)
             if isinstance(e, DOCKER_ERRORS):
                 raise OSError(f"docker backend: starting {name} failed: {e}") from e
             raise
 
         async def destroy() -> None:
             try:
-                await asyncio.to_thread(container.remove, force=True)
+                await self._call(container.remove, force=True)
+                proc.removed = True
             except docker.errors.NotFound:
-                pass
+                proc.removed = True
             except DOCKER_ERRORS as e:  # the stale-container sweep (same instance id) removes it later
                 logger.warning("docker backend: removing %s failed: %s", name, e)
             with contextlib.suppress(asyncio.TimeoutError):
@@ -251,18 +258,23 @@ class DockerBackend(SandboxBackend):
 
         async def settle() -> None:  # ready: from now on it weighs what every other sandbox weighs
             try:
-                await asyncio.to_thread(container.update, cpu_shares=CPU_SHARES)
+                await self._call(container.update, cpu_shares=CPU_SHARES)
             except DOCKER_ERRORS as e:
                 raise OSError(f"docker backend: lowering the CPU weight of {name} failed: {e}") from e
 
         return Worker(name, proc, destroy, on_ready=settle, weaken=self.weaken)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, a blocking SDK call, in the backend's threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._calls, functools.partial(fn, *args, **kwargs))
 
     def remove_stale(self) -> int:
         """Remove runner containers with this backend's instance id (never another server's)."""
         return remove_containers(self.instance_id, self._docker)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.remove_stale)
+        await self._call(self.remove_stale)
+        self._calls.shutdown(wait=False)
         self._docker.close()
         if self._shared_tmp:
             shutil.rmtree(self._shared_tmp, ignore_errors=True)
@@ -277,6 +289,7 @@ class AttachedContainer:
         self.stdin = writer
         self.stdout = asyncio.StreamReader(limit=READ_LIMIT)
         self.returncode: int | None = None
+        self.removed = False  # set once the backend has removed the container: its exit code is gone with it
         self._pump = asyncio.ensure_future(self._demux(reader))
 
     @classmethod
@@ -312,6 +325,8 @@ class AttachedContainer:
     async def wait(self) -> int:
         """The agent's exit code once its container has ended; -9 when the container was removed first."""
         await asyncio.shield(self._pump)
+        if self.returncode is None and self.removed:
+            self.returncode = -9
         if self.returncode is None:
             try:  # returns at once for an ended container; NotFound for a removed one
                 done = await asyncio.to_thread(self.container.wait, condition="not-running")
