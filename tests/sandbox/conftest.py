@@ -109,7 +109,7 @@ def docker_backend_cls():
 @pytest.fixture(scope="module")
 def weak_server(request):
     """``weak_server(backend, weakening)``: a server like ``server``'s on a sandbox without that one protection
-    (the backends' test-only ``weaken``; ``body_limit``: the HTTP server's body limit at 64 MiB). One at a
+    (the backends' test-only ``weaken``; "a+b": both; ``body_limit``: the HTTP server's body limit at 64 MiB). One at a
     time: each is started when first asked for and stopped when another (or ``fresh``) is (callers ask in groups).
     Each weakening runs under a uid of its own: without a PID namespace kill(-1) reaches every process
     of that uid."""
@@ -129,10 +129,11 @@ def weak_server(request):
                 cls = request.getfixturevalue("docker_backend_cls")
             else:
                 from verl_agent.sandbox.backends.process import ProcessBackend as cls
-            weaken = frozenset() if weakening == "body_limit" else frozenset({weakening})
-            uid = 31001 + (list(WEAKENINGS) + ["body_limit"]).index(weakening)
+            weaken = frozenset(weakening.split("+")) - {"body_limit"}
+            names = list(WEAKENINGS) + ["body_limit"]
+            uid = 31001 + sum(names.index(w) for w in weakening.split("+"))
             sandbox = cls(memory_mb=512, pids=64, tmpfs_mb=32, uid=uid, weaken=weaken)
-            assert not sandbox.guarantees().get(weakening, False), "the probe must see the weakening"
+            assert not any(sandbox.guarantees().get(w, False) for w in weaken), "the probe must see the weakening"
             settings = ServiceSettings(**{**SETTINGS, "min_pool_size": 1})
             body = 64 << 20 if weakening == "body_limit" else 8 << 20
             server = ServerThread(sandbox, settings, max_body_bytes=body).__enter__()

@@ -70,6 +70,13 @@ def test_files_and_fetch_files(server, run):
     assert "missing.txt" not in out["files"] and "missing.txt" in out["message"]
 
 
+def test_binary_output(server, run):
+    """Output that is not UTF-8 comes back decoded with replacement characters, not as an error."""
+    out = run(server, "import os\nos.write(1, bytes(range(256)) * 64)")
+    assert out["status"] == "Success" and "\ufffd" in out["run_result"]["stdout"]
+    assert out["run_result"]["stdout"].startswith("".join(map(chr, range(128))))
+
+
 def test_jupyter_cells_share_one_kernel(server):
     body = {"cells": ["a = 123", "a * 2", "print(a)", "import sys; sys.stderr.write('e')", "raise ValueError('no')"]}
     out = httpx.post(f"{server.url}/run_jupyter", json=body, timeout=60).json()

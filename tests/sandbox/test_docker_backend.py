@@ -32,7 +32,7 @@ def test_no_capabilities_is_refused_without_no_new_privileges(docker_backend_cls
     class Weakened(docker_backend_cls):
         def _config(self, cmd):
             config = super()._config(cmd)
-            config["HostConfig"]["SecurityOpt"] = []
+            config["security_opt"] = []
             return config
 
     with pytest.raises(IsolationError, match="guarantee failed at start-up: .*no_capabilities .*refusing to serve"):

@@ -8,7 +8,9 @@ there is no interface but lo and that connecting fails at once (a sandbox with a
 Each attack's containment check is ``contained(...)``, which raises ``Escaped``. ``test_weakened_twin``
 runs the same attack against a sandbox with exactly the protection it tests removed (the backends'
 test-only ``weaken``, probe.WEAKENINGS) and requires ``Escaped``: a check that cannot fail fails there.
-``NO_TWIN`` lists the cases with no one-protection weakening, and why. The CPU quota's twin needs 1.5
+A protection kept by several layers has a weakening that drops every layer of it; every case, with each of
+its parameters, has a twin on both backends (``test_every_case_has_a_twin_or_a_reason``; a case that
+could have none would be listed in ``NO_TWIN`` with the reason, and counted). The CPU quota's twin needs 1.5
 idle cores (on a busy host there is no CPU to take beyond the quota): it skips without them, and fails
 in CI (CI=true).
 """
@@ -159,10 +161,10 @@ def test_escape_via_setsid_double_fork_nohup(server, run, exit_first):
             + ("echo started" if exit_first else "sleep 60"))
     out = run(server, code, language="bash", run_timeout=2)
     assert out["status"] == ("Success" if exit_first else "Failed"), out
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 2  # the supervisor has killed and reaped them before it replied
     while host_procs_matching(f"sleep\0{marker}") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert host_procs_matching(f"sleep\0{marker}") == [], "a background child survived its run"
+    contained(host_procs_matching(f"sleep\0{marker}") == [], "a background child survived its run")
     healthy_and_clean(server, run)
 
 
@@ -229,21 +231,22 @@ def test_a_process_forked_by_a_cell_never_answers_as_the_kernel(server, run, mod
         httpx.post(f"{server.url}/close_session", json={"session_id": sid}, timeout=30)
 
 
-def test_binary_output(server, run):
-    out = run(server, "import os\nos.write(1, bytes(range(256)) * 64)")
-    assert out["status"] == "Success" and "\ufffd" in out["run_result"]["stdout"]
-
-
 def test_disk_fill(server, run):
-    """Writing twice the scratch size fails (the tmpfs is full), and nothing outside scratch is writable."""
+    """Writing twice the scratch size fails: the tmpfs is full."""
     twice = 2 * server.service.pool.backend.tmpfs_mb
     out = run(server, f"dd if=/dev/zero of=/tmp/fill bs=1M count={twice} && echo filled", language="bash",
               run_timeout=20)
     contained("filled" not in out["run_result"]["stdout"], out)
     assert out["status"] == "Failed" and "No space left" in out["run_result"]["stderr"]
-    ro = run(server, "echo x > /etc/owned || echo x > /usr/owned", language="bash")
-    contained(ro["status"] == "Failed", ro)
     healthy_and_clean(server, run)
+
+
+def test_system_files_are_read_only(server, run):
+    """A run cannot change the system: /etc and /usr refuse a new file (a read-only root; on Docker also
+    the image's files owned by root, not by the run's uid)."""
+    ro = run(server, "echo x > /etc/owned; echo x > /usr/owned; ls /etc/owned /usr/owned", language="bash")
+    contained(ro["status"] == "Failed" and ro["run_result"]["stdout"] == "", ro)
+    assert any(e in ro["run_result"]["stderr"] for e in ("Read-only file system", "Permission denied")), ro
 
 
 def test_leftover_files_are_not_visible_to_the_next_run(server, run):
@@ -307,20 +310,28 @@ def test_secrets_do_not_leak(server, run):
     assert set(env) <= {"PATH", "HOME", "LANG", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD"}, env
 
 
-@pytest.mark.parametrize("field,path", [
-    ("files", "../escape.txt"), ("files", "/etc/escape.txt"), ("files", "a/../../escape.txt"),
-    ("fetch_files", "/etc/passwd"), ("fetch_files", "../../../etc/hostname"), ("fetch_files", "/proc/1/environ"),
-])
+TRAVERSALS = [("files", "../escape.txt"), ("files", "/etc/escape.txt"), ("files", "a/../../escape.txt"),
+              ("fetch_files", "/etc/passwd"), ("fetch_files", "../../../etc/hostname"),
+              ("fetch_files", "/proc/1/environ")]
+
+
+@pytest.mark.parametrize("field,path", TRAVERSALS)
 def test_path_traversal_is_refused(server, run, field, path):
+    """A path outside the work dir is refused as such, naming it, before anything is written or read (a
+    refusal for another reason, such as /etc being read-only, is another layer's work)."""
     value = {path: base64.b64encode(b"x").decode()} if field == "files" else [path]
     out = run(server, "print(1)", **{field: value})
-    assert out["status"] == "Failed" and path in out["message"] and out["files"] == {}
+    refused = ("outside the work directory", "escapes the work directory")
+    contained(out["files"] == {} and any(r in out["message"] for r in refused), out)
+    assert out["status"] == "Failed" and path in out["message"], out
 
 
 def test_symlink_exfiltration_through_fetch_files(server, run):
-    code = "import os\nos.symlink('/etc/passwd', 'leak.txt')\nos.symlink('/etc', 'etcdir')"
-    out = run(server, code, fetch_files=["leak.txt", "etcdir/passwd"])
-    assert out["files"] == {} and "symlink" in out["message"]
+    """Symlinks to a system file (present in both backends' sandboxes) and to its directory fetch nothing."""
+    code = "import os\nos.symlink('/usr/lib/os-release', 'leak.txt')\nos.symlink('/usr/lib', 'libdir')"
+    out = run(server, code, fetch_files=["leak.txt", "libdir/os-release"])
+    contained(out["files"] == {}, out)
+    assert "symlink" in out["message"], out
 
 
 def test_no_privilege_escalation(server, run):
@@ -548,10 +559,13 @@ def test_supervisor_ignores_modules_planted_in_its_directory(server, run):
 
 # -- weakened twins -------------------------------------------------------------------------------------
 
-# (attack, its parameters, the one protection removed): each attack must report Escaped on a sandbox
-# without it. Limits are raised to a bounded multiple (memory x8, pids x16, scratch size x8, open files
-# 8192), never removed; run limits are lifted in every job the worker sends (time x1000, memory none,
-# output cap 16 MiB); body_limit is the HTTP server's (64 MiB instead of 8).
+# (attack, its parameters, the one protection removed[, the backends it applies to]): each attack must
+# report Escaped on a sandbox without it. A protection kept by several layers is removed whole (its
+# weakening drops every layer, probe.WEAKENINGS); "a+b" removes two where a backend keeps the guarantee
+# with both (Docker's system files: a read-only root, and the image's files owned by root). Limits are
+# raised to a bounded multiple (memory x8, pids x16, scratch size x8, open files 8192), never removed; run
+# limits are lifted in every job the worker sends (time x1000, memory none, output cap 16 MiB);
+# body_limit is the HTTP server's (64 MiB instead of 8).
 TWINS = [
     (test_fork_bomb, FORK_BOMBS[0], "pids_limit"),
     (test_fork_bomb, FORK_BOMBS[1], "pids_limit"),
@@ -563,50 +577,35 @@ TWINS = [
     (test_cpu_spin_times_out, (SPINS[0],), "run_timeout"),
     (test_cpu_spin_times_out, (SPINS[1],), "run_timeout"),
     (test_sleep_past_timeout, (), "run_timeout"),
+    (test_escape_via_setsid_double_fork_nohup, (True,), "no_leftover_processes"),
+    (test_escape_via_setsid_double_fork_nohup, (False,), "no_leftover_processes"),
+    (test_zombies_are_reaped, (), "no_leftover_processes"),
     (test_output_floods_are_capped_and_prompt, (), "output_cap"),
     (test_jupyter_display_and_errors_are_capped, (), "output_cap"),
     (test_disk_fill, (), "disk_limit"),
-    (test_disk_fill, (), "read_only_system", ("process",)),  # docker: see NO_TWIN_ON
+    (test_system_files_are_read_only, (), "read_only_system", ("process",)),
+    (test_system_files_are_read_only, (), "read_only_system+non_root_uid", ("docker",)),
     (test_dev_is_read_only_and_nothing_outside_scratch_is_writable, (), "only_scratch_writable"),
     (test_network_has_no_route, (), "no_network"),
+    (test_secrets_do_not_leak, (), "no_host_env"),
+    *[(test_path_traversal_is_refused, case, "paths_confined") for case in TRAVERSALS],
+    (test_symlink_exfiltration_through_fetch_files, (), "no_symlink_follow"),
     (test_no_privilege_escalation, (), "no_capabilities"),
     (test_no_privilege_escalation, (), "non_root_uid"),
     (test_many_parallel_runs_race, (), "private_tmp"),
     (test_signal_every_visible_process, (), "own_pid_namespace"),
-    (test_cannot_snoop_a_concurrent_run, (), "own_pid_namespace", ("docker",)),  # process: see NO_TWIN_ON
+    (test_cannot_snoop_a_concurrent_run, (), "own_pid_namespace"),
     (test_supervisor_ignores_modules_planted_in_its_directory, (), "isolated_mode"),
     (test_leftover_files_are_not_visible_to_the_next_run, (), "scratch_wipe"),
     (test_a_process_forked_by_a_cell_never_answers_as_the_kernel, ("session",), "fork_guard"),
     (test_a_process_forked_by_a_cell_never_answers_as_the_kernel, ("jupyter",), "fork_guard"),
     (test_huge_request_body_and_huge_stdin, (), "body_limit"),
 ]
+BACKENDS = ("process", "docker")
 
-# Cases with no one-protection weakening: the protection is code of the server or the supervisor that
-# the backends do not configure, or several independent layers each enough on its own.
-NO_TWIN = {
-    "test_escape_via_setsid_double_fork_nohup": "two layers: the supervisor kills every process after a run "
-                                                "(the same kill that ends a timed-out program), and a sandbox "
-                                                "reporting a survivor is destroyed",
-    "test_zombies_are_reaped": "two layers: the supervisor (PID 1) reaps, and a sandbox where a process is "
-                               "left is destroyed",
-    "test_binary_output": "decoding of the output, not an isolation property",
-    "test_secrets_do_not_leak": "three layers: a clean sandbox environment (clean_env: its probe twin), a "
-                                "non-dumpable supervisor, and a fixed environment for every program",
-    "test_path_traversal_is_refused": "two layers: the server's lexical check, then the supervisor's",
-    "test_symlink_exfiltration_through_fetch_files": "two layers: the supervisor's realpath check, then "
-                                                     "O_NOFOLLOW on the open",
-}
-
-
-# Cases with a twin on one backend only.
-NO_TWIN_ON = {
-    ("docker", "test_disk_fill", "read_only_system"):
-        "the image's root is owned by root: a non-root run cannot write it even when it is writable "
-        "(two layers; the probe twin shows the read-only root removed)",
-    ("process", "test_cannot_snoop_a_concurrent_run", "own_pid_namespace"):
-        "without a PID namespace the supervisor's kill(-1) reaches every sandbox of its uid, so the spy's "
-        "sandbox is killed before it can report (the signal twin shows the namespace gone)",
-}
+# (backend, case name, its parameters) -> why that case has no weakened twin there. None today: add one
+# only with the reason; test_every_case_has_a_twin_or_a_reason counts it as a case without a twin.
+NO_TWIN: dict[tuple[str, str, tuple], str] = {}
 
 
 def idle_cores(seconds: float = 1.0) -> float:
@@ -623,15 +622,19 @@ def idle_cores(seconds: float = 1.0) -> float:
 
 
 def _twin_id(backend: str, weakening: str, attack, args: tuple) -> str:
-    arg = f"[{args[0]}]" if args and len(args[0]) < 20 else ""
-    arg = f"[{['loop', 'threads'][SPINS.index(args[0])]}]" if args and args[0] in SPINS else arg
+    shown = [["loop", "threads"][SPINS.index(a)] if a in SPINS else str(a) for a in args]
+    arg = f"[{'-'.join(a for a in shown if len(a) < 40)}]" if args else ""
     return f"{backend}-{weakening}-{attack.__name__.removeprefix('test_')}{arg}"
 
 
-@pytest.mark.parametrize("backend,weakening,attack,args", [  # grouped by server: each starts once
-    pytest.param(b, w, a, args, id=_twin_id(b, w, a, args))
-    for b, w, a, args in sorted([(b, w, a, args) for a, args, w, *on in TWINS
-                                 for b in (on[0] if on else ("process", "docker"))], key=lambda t: (t[0], t[1]))])
+def twin_cases() -> list[tuple[str, str, object, tuple]]:
+    """(backend, weakening, attack, its parameters) of every twin, grouped by server (each starts once)."""
+    return sorted([(b, w, a, tuple(args)) for a, args, w, *on in TWINS for b in (on[0] if on else BACKENDS)],
+                  key=lambda t: (t[0], t[1]))
+
+
+@pytest.mark.parametrize("backend,weakening,attack,args",
+                         [pytest.param(*t, id=_twin_id(t[0], t[1], t[2], t[3])) for t in twin_cases()])
 def test_weakened_twin(weak_server, run, backend, weakening, attack, args):
     """The attack's containment check fails (Escaped) once the protection it tests is removed."""
     if weakening == "cpu_limit" and (idle := idle_cores()) < 1.5:
@@ -646,8 +649,33 @@ def test_weakened_twin(weak_server, run, backend, weakening, attack, args):
         attack(server, run, *args)
 
 
+def security_cases() -> set[tuple[str, tuple]]:
+    """Every case of this suite: (test name, its parameters), one per parametrization."""
+    found = set()
+    for name, fn in list(globals().items()):
+        if not name.startswith("test_") or name in ("test_weakened_twin", "test_every_case_has_a_twin_or_a_reason"):
+            continue
+        marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+        assert len(marks) <= 1, f"{name}: one parametrize mark at most (the check below reads one)"
+        params: list[tuple] = [()]
+        if marks:
+            names, values = marks[0].args[:2]
+            one = len(names.split(",") if isinstance(names, str) else names) == 1
+            params = [(v,) if one else tuple(v) for v in values]
+        found |= {(name, p) for p in params}
+    return found
+
+
 def test_every_case_has_a_twin_or_a_reason():
-    cases = {name for name in globals() if name.startswith("test_") and name not in (
-        "test_weakened_twin", "test_every_case_has_a_twin_or_a_reason")}
-    twinned = {a.__name__ for a, *_ in TWINS}
-    assert twinned.isdisjoint(NO_TWIN) and cases == twinned | set(NO_TWIN), cases ^ (twinned | set(NO_TWIN))
+    """Each case, with each of its parameters, on each backend, has a weakened twin there (or a reason in
+    NO_TWIN), and each twin's weakening is one the backends know."""
+    from verl_agent.sandbox.backends.probe import WEAKENINGS
+
+    cases = {(b, name, p) for b in BACKENDS for name, p in security_cases()}
+    twinned = {(b, a.__name__, args) for b, _, a, args in twin_cases()}
+    assert twinned <= cases, twinned - cases  # a twin of a case (or parameters) that is gone
+    assert not twinned & set(NO_TWIN), twinned & set(NO_TWIN)
+    assert cases == twinned | set(NO_TWIN), sorted(cases - twinned - set(NO_TWIN))
+    known = set(WEAKENINGS) | {"body_limit"}
+    assert all(set(w.split("+")) <= known for _, w, _, _ in twin_cases())
+    assert len(cases) == 2 * 36 and not NO_TWIN  # 36 cases per backend, every one with a twin

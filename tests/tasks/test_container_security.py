@@ -225,3 +225,15 @@ async def test_host_devices_are_not_exposed(env):
     attempt = "ls /dev | grep -cE '^(vd|sd|nvme|xvd)[a-z0-9]*$'"
     safe, weak = await both(env, _set("privileged", True), lambda b: b.sh(attempt))
     assert safe.strip() == "0" and int(weak.strip()) >= 1
+
+
+def test_every_case_has_a_twin():
+    """Each case above runs its attempt in a weakened twin too: through ``both``, or (the grading order) a
+    ``twin`` Box of its own."""
+    import inspect
+
+    cases = {n: f for n, f in globals().items() if n.startswith("test_") and n != "test_every_case_has_a_twin"}
+    assert len(cases) == 13
+    marks = ("await both(", "twin = Box(")
+    untwinned = [n for n, f in cases.items() if not any(m in inspect.getsource(f) for m in marks)]
+    assert untwinned == [], untwinned

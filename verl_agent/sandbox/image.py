@@ -7,10 +7,10 @@ user (uid 10001) is added, apt caches are dropped, and the tree is imported. The
 
 The server image (for ``verl-agent sandbox up``) is the runner image plus what the server needs,
 all taken from this machine, no download: the ``verl_agent`` sandbox package, the installed
-distributions it imports (fastapi, uvicorn, httpx, pydantic and their dependencies, copied from this
-interpreter's site-packages; the base image's python3 has the same minor version) and the static
-``docker`` CLI (it starts runner containers through the mounted Docker socket). Its tag carries a
-hash of those files, so a changed server is rebuilt and an unchanged one is reused (seconds).
+distributions it imports (fastapi, uvicorn, httpx, pydantic, the ``docker`` SDK, with which it starts runner
+containers through the mounted Docker socket, and their dependencies, copied from this interpreter's
+site-packages; the base image's python3 has the same minor version). Its tag carries a hash of those
+files, so a changed server is rebuilt and an unchanged one is reused (seconds).
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ __all__ = ["BASE_IMAGE", "PACKAGES", "RUNNER_IMAGE", "SERVER_IMAGE", "build_base
 BASE_IMAGE = "verl-agent-sandbox-base:bookworm"
 RUNNER_IMAGE = "verl-agent-sandbox-runner:latest"
 SERVER_IMAGE = "verl-agent-sandbox-server"  # tagged with a content hash, and :latest
-SERVER_DISTS = ["fastapi", "uvicorn", "httpx", "pydantic"]  # what verl_agent.sandbox imports to serve
+SERVER_DISTS = ["fastapi", "uvicorn", "httpx", "pydantic", "docker"]  # what verl_agent.sandbox imports to serve
 PACKAGES = ["python3", "g++", "nodejs", "ca-certificates"]
 MIRROR = "http://deb.debian.org/debian"
 
 
 def image_exists(name: str) -> bool:
+    """True when the docker CLI is there and knows the image ``name``."""
+    if shutil.which("docker") is None:
+        return False
     return subprocess.run(["docker", "image", "inspect", name], capture_output=True).returncode == 0
 
 
@@ -127,9 +130,6 @@ def _stage_server(ctx: Path) -> str:
         raise RuntimeError(f"the server image copies this interpreter's packages into the runner image's "
                            f"Python 3.11; run `verl-agent sandbox up` from a Python 3.11 environment "
                            f"(this is {sys.version.split()[0]})")
-    docker = shutil.which("docker")
-    if docker is None:
-        raise RuntimeError("the server image needs the docker CLI on this machine (scripts/setup_docker.sh)")
     digest = hashlib.sha256()
     site = ctx / "site-packages"
     files: list[tuple[Path, Path]] = []
@@ -146,7 +146,6 @@ def _stage_server(ctx: Path) -> str:
         for src in sorted((root / "sandbox").rglob("*")):
             if src.is_file() and "__pycache__" not in src.parts:
                 files.append((src, site / "verl_agent" / src.relative_to(root)))
-        files.append((Path(docker), ctx / "docker"))
         for src, dst in files:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)

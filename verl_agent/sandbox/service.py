@@ -205,9 +205,13 @@ class SandboxService:
         self.pool.release(worker, bool(reply.get("dirty")))
         return reply, "", worker.name, waited
 
+    def _path(self, path: str, field: str) -> str:
+        """A request's path, checked to stay inside the work dir (not with the test-only paths_confined weakening)."""
+        return path if "paths_confined" in self.backend.weaken else _rel_path(path, field)
+
     def _job(self, req: RunCodeRequest) -> tuple[dict, float]:
         lang = LANGUAGES[req.language]
-        files = {_rel_path(p, "files"): (b or "") for p, b in req.files.items()}
+        files = {self._path(p, "files"): (b or "") for p, b in req.files.items()}
         files[lang.source] = base64.b64encode(req.code.encode()).decode()
         mem = req.memory_limit_MB if req.memory_limit_MB > 0 else self.settings.default_memory_mb
         mem = min(mem, self.settings.max_memory_mb) if lang.address_limit else 0
@@ -216,7 +220,7 @@ class SandboxService:
             steps.append({"argv": lang.compile, "timeout": req.compile_timeout, "memory_mb": 0})
         steps.append({"argv": lang.run, "timeout": req.run_timeout, "stdin": req.stdin, "memory_mb": mem})
         job = {"op": "run", "files": files, "steps": steps, "memory_mb": mem,
-               "fetch_files": [_rel_path(p, "fetch_files") for p in req.fetch_files],
+               "fetch_files": [self._path(p, "fetch_files") for p in req.fetch_files],
                "max_output": self.settings.max_output_bytes, "max_file": self.settings.max_file_bytes}
         deadline = req.run_timeout + (req.compile_timeout if lang.compile else 0) + GRACE_S
         return job, deadline
@@ -275,8 +279,8 @@ class SandboxService:
         try:
             job = {"op": "jupyter", "cells": req.cells, "cell_timeout": req.cell_timeout,
                    "total_timeout": req.total_timeout, "memory_mb": self.settings.default_memory_mb,
-                   "files": {_rel_path(p, "files"): (b or "") for p, b in req.files.items()},
-                   "fetch_files": [_rel_path(p, "fetch_files") for p in req.fetch_files],
+                   "files": {self._path(p, "files"): (b or "") for p, b in req.files.items()},
+                   "fetch_files": [self._path(p, "fetch_files") for p in req.fetch_files],
                    "max_output": self.settings.max_output_bytes, "max_file": self.settings.max_file_bytes}
         except ValueError as e:
             return RunJupyterResponse(status=RunStatus.Failed, message=str(e))

@@ -39,27 +39,49 @@ class WorkerError(RuntimeError):
     """The sandbox broke (crashed, hung, spoke garbage); the request gets a SandboxError."""
 
 
+# Test-only (probe.WEAKENINGS): a weakening of the supervisor or the kernel is a change of their source, each
+# (file, text, its replacement everywhere). A layered guarantee loses every layer at once.
+_KILL_GROUP_ONLY = ("def kill_others() -> None:\n"
+                    "    for pid in PROTECT:  # weakened: the program's process group only, nothing reaped\n"
+                    "        try:\n            os.killpg(pid, signal.SIGKILL)\n"
+                    "        except OSError:\n            pass\n    return\n")
+SOURCE_WEAKENINGS: dict[str, list[tuple[str, str, str]]] = {
+    # the wipe of the scratch dirs after a run does nothing
+    "scratch_wipe": [("agent", "def _wipe(root: str) -> bool:\n", "def _wipe(root: str) -> bool:\n    return True\n")],
+    # a process a notebook cell forks goes on as the kernel
+    "fork_guard": [("kernel", "if os.getpid() != KERNEL_PID:", "if False:")],
+    # after a run only the program's process group is killed; orphans are neither reaped nor reported
+    "no_leftover_processes": [("agent", "def kill_others() -> None:\n", _KILL_GROUP_ONLY),
+                              ("agent", "return not ok or bool(left) or ipc_used", "return not ok or ipc_used")],
+    # the supervisor stays dumpable and every program gets its environment (with clean_env's host variables)
+    "no_host_env": [("agent", "    _nondumpable()\n", ""), ("agent", "ENV = {", "ENV = {**os.environ, ")],
+    # the supervisor's check that a request's paths stay inside the work dir (the server's: service.py)
+    "paths_confined": [("agent", "def _inside(path: str) -> str:\n",
+                        "def _inside(path: str) -> str:\n    return os.path.normpath(os.path.join(WORK, path))\n")],
+    # request files are written and fetched through symlinks: no realpath check, no O_NOFOLLOW
+    "no_symlink_follow": [
+        ("agent", "if os.path.realpath(os.path.dirname(full)) != os.path.dirname(full):", "if False:"),
+        ("agent", "if os.path.realpath(full) != full:", "if False:"),
+        ("agent", "os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW", "os.O_WRONLY | os.O_CREAT | os.O_TRUNC"),
+        ("agent", "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK", "os.O_RDONLY | os.O_NONBLOCK")],
+}
+
+
 def agent_argv(python: str = "/usr/bin/python3", weaken: frozenset[str] = frozenset()) -> list[str]:
     """The supervisor's command line. ``-I`` (isolated mode) keeps its working directory (a user-writable
     /tmp) and PYTHON* variables off its import path: ``-c`` alone puts the cwd first on ``sys.path``,
     so a module planted there would run inside the supervisor on its next import. ``weaken``
-    (test-only, probe.WEAKENINGS): ``isolated_mode`` drops ``-I``; ``scratch_wipe`` makes the
-    supervisor's wipe of the scratch dirs a no-op; ``fork_guard`` lets a process a cell forks go on
-    as the kernel."""
+    (test-only, probe.WEAKENINGS): ``isolated_mode`` drops ``-I``; the names in ``SOURCE_WEAKENINGS``
+    change the supervisor's or the kernel's source."""
     pkg = resources.files("verl_agent.sandbox")
-    agent, kernel = (pkg / "agent.py").read_text(), (pkg / "kernel.py").read_text()
+    source = {"agent": (pkg / "agent.py").read_text(), "kernel": (pkg / "kernel.py").read_text()}
     flags = ["-u"] if "isolated_mode" in weaken else ["-I", "-u"]
-    if "scratch_wipe" in weaken:  # the supervisor's wipe of the scratch dirs after a run does nothing
-        head = "def _wipe(root: str) -> bool:\n"
-        if agent.count(head) != 1:
-            raise ValueError("weaken=scratch_wipe: the supervisor has no single `def _wipe(root: str) -> bool:`")
-        agent = agent.replace(head, head + "    return True\n")
-    if "fork_guard" in weaken:  # a process a notebook cell forks goes on as the kernel
-        guard = "if os.getpid() != KERNEL_PID:"
-        if guard not in kernel:
-            raise ValueError(f"weaken=fork_guard: the kernel has no `{guard}`")
-        kernel = kernel.replace(guard, "if False:")
-    return [python, *flags, "-c", agent, WORKDIR, kernel]
+    for name in sorted(weaken & SOURCE_WEAKENINGS.keys()):
+        for part, text, replacement in SOURCE_WEAKENINGS[name]:
+            if text not in source[part]:
+                raise ValueError(f"weaken={name}: {part}.py does not hold {text!r}")
+            source[part] = source[part].replace(text, replacement)
+    return [python, *flags, "-c", source["agent"], WORKDIR, source["kernel"]]
 
 
 def shared_tmp(weaken: frozenset[str]) -> str | None:
@@ -166,6 +188,7 @@ class SandboxBackend:
     """Backend interface: ``spawn`` starts one sandbox running ``agent_argv()`` and returns a Worker."""
 
     name = "base"
+    weaken: frozenset[str] = frozenset()  # test-only (probe.WEAKENINGS): the protections this one lacks
 
     async def spawn(self) -> Worker:
         raise NotImplementedError

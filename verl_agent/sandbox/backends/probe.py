@@ -22,15 +22,23 @@ SCRATCH = ("/tmp", "/dev/shm", "/var/tmp", "/dev/mqueue")
 # succeeding without the protection it tests. Every guarantee above, plus protections of the run that
 # the probe does not measure: the open-file limit, (applied to every job a worker sends) the run's time
 # limit, its memory limit and the output cap, the supervisor's isolated mode (``python -I``) and its
-# wipe of the scratch dirs after every run, and the kernel's end of a process a cell forks.
+# wipe of the scratch dirs after every run, and the kernel's end of a process a cell forks. A guarantee
+# kept by several layers is dropped whole, every layer at once (base.SOURCE_WEAKENINGS):
+# ``no_leftover_processes`` (the supervisor's kill of every process after a run, its reaping of orphans
+# and its report of a survivor, which has the sandbox destroyed), ``no_host_env`` (a clean sandbox
+# environment, a non-dumpable supervisor, a fixed environment for every program), ``paths_confined``
+# (the server's lexical check of a request's paths and the supervisor's) and ``no_symlink_follow``
+# (the supervisor's realpath checks and O_NOFOLLOW).
 # A weakened backend does not claim what it dropped; limits are raised to a bounded multiple, never
 # removed, so a weakened sandbox cannot take the host down.
 WEAKENINGS = GUARANTEES + ("fd_limit", "run_timeout", "run_memory_limit", "output_cap", "isolated_mode",
-                           "scratch_wipe", "fork_guard")
+                           "scratch_wipe", "fork_guard", "no_leftover_processes", "no_host_env", "paths_confined",
+                           "no_symlink_follow")
 # Removing one of these removes the other with it: a writable root is writable outside scratch; so is
-# what root owns in the sandbox (Docker's /dev) to a root uid; a /tmp shared on the host's disk has no size limit.
+# what root owns in the sandbox (Docker's /dev) to a root uid; a /tmp shared on the host's disk has no size
+# limit; the host's environment in the sandbox is not a clean one.
 IMPLIED = {"read_only_system": ("only_scratch_writable",), "non_root_uid": ("only_scratch_writable",),
-           "private_tmp": ("disk_limit",)}
+           "private_tmp": ("disk_limit",), "no_host_env": ("clean_env",)}
 
 
 class IsolationError(RuntimeError):

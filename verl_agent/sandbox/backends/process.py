@@ -156,7 +156,11 @@ class ProcessBackend(SandboxBackend):
         return available_languages(lambda p: os.path.exists(p))
 
     def _env(self) -> dict[str, str]:
-        return dict(os.environ) if "clean_env" in self.weaken else {"PATH": "/usr/bin:/bin"}
+        return dict(os.environ) if self._host_env() else {"PATH": "/usr/bin:/bin"}
+
+    def _host_env(self) -> bool:
+        """Test-only: the sandbox gets the host's environment (weakened clean_env, or no_host_env)."""
+        return bool(self.weaken & {"clean_env", "no_host_env"})
 
     def _argv(self, command: list[str] | None = None) -> list[str]:
         weak = self.weaken
@@ -169,12 +173,15 @@ class ProcessBackend(SandboxBackend):
             scratch = ["--bind", self._shared_tmp, "/tmp", "--bind", self._shared_tmp, "/var/tmp"]
         else:
             scratch = ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/var/tmp"]
-        argv = [self.bwrap, *unshare, "--die-with-parent", "--new-session",
+        # Weakened own_pid_namespace (test-only): the supervisor's kill(-1) reaches its own bwrap too, and
+        # dying with it would take the run's reply along; the cgroup kill on destroy ends the sandbox instead.
+        die = [] if "own_pid_namespace" in weak else ["--die-with-parent"]
+        argv = [self.bwrap, *unshare, *die, "--new-session",
                 "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
                 "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
                 *(["--bind", "/proc", "/proc"] if "own_pid_namespace" in weak else ["--proc", "/proc"]),
                 "--dev", "/dev", *scratch, "--size", size, "--tmpfs", "/dev/shm",
-                "--hostname", "sandbox", *([] if "clean_env" in weak else ["--clearenv"]),
+                "--hostname", "sandbox", *([] if self._host_env() else ["--clearenv"]),
                 "--setenv", "PATH", "/usr/bin:/bin", "--chdir", "/tmp"]
         for path in _ETC:
             argv += ["--ro-bind-try", path, path]
@@ -220,9 +227,9 @@ class ProcessBackend(SandboxBackend):
         async def destroy() -> None:
             if proc.returncode is None:
                 proc.kill()
-                await proc.wait()
-            # the sandbox's own processes die with bwrap (--die-with-parent) a moment later; a group
-            # can be removed only once they are gone, so kill what is left and retry for a while
+            # the sandbox's own processes die with bwrap (--die-with-parent) a moment later (without it, in a
+            # test-only weakening, only here); a group can be removed only once they are gone, so kill what
+            # is left and retry for a while. Then bwrap's exit is seen once they have closed its pipes.
             deadline = time.monotonic() + 3.0
             while True:
                 left = [g for g in groups if not _remove_cgroup(g)]
@@ -231,6 +238,7 @@ class ProcessBackend(SandboxBackend):
                 for group in left:
                     _kill_all(group)
                 await asyncio.sleep(0.02)
+            await proc.wait()
 
         return Worker(name, proc, destroy, weaken=self.weaken)
 
