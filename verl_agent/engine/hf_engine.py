@@ -33,6 +33,7 @@ import torch
 from verl_agent.engine.continuous import ContinuousBatcher, KVCacheOverflowError
 from verl_agent.engine.contract import GenerateOutput, SamplingParams
 from verl_agent.engine.kv_pool import plan_budget
+from verl_agent.engine.lora import apply_adapters, split_adapter_tensors
 from verl_agent.engine.settings import HFEngineSettings
 
 logger = logging.getLogger(__name__)
@@ -195,6 +196,8 @@ class HFEngine:
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors into the model's parameters/buffers in place, by name; unknown names raise KeyError.
+        LoRA adapter tensors (``<layer>.lora_A.weight``, ``<layer>.lora_B.weight`` pre-scaled) are applied as
+        settings.lora_mode says (engine/lora.py).
 
         Idle sessions' K/V were computed by the old weights, so they are dropped."""
         async with self._get_lock():
@@ -254,6 +257,11 @@ class HFEngine:
             torch.cuda.set_stream(self._stream)
 
     def _load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        named, adapters = split_adapter_tensors(named)
+        if self._stream is not None and adapters:
+            torch.cuda.synchronize(self.device)
+        if adapters and apply_adapters(self.model, adapters, self.settings.lora_mode):
+            self._batcher.runner.graphs = {}  # captured without the adapters' matmuls: capture again
         state = self.model.state_dict()
         unknown = [n for n, _ in named if n not in state]
         if unknown:

@@ -151,6 +151,8 @@ class WorkerGroup:
             group.info, group.rollout_info = infos[:world], infos[world:]
             group.routes = weight_routes(t.weight_transport, group.info[0], group.rollout_info)
             group._join_weight_group()
+            if cfg.actor_rollout_ref.model.lora_adapter_path:  # the engines start from the base: give them the adapter
+                group.sync_weights(version=0)
         except BaseException:  # never leak the workers' CPUs/GPUs to the next run in this cluster
             group.shutdown(graceful=False)
             raise

@@ -57,8 +57,12 @@ def shard(model: nn.Module, mesh, device_type: str, reshard_after_forward: bool 
         if device_type != "cuda":
             raise ValueError("fsdp_config.param_offload needs GPU workers (FSDP2 CPU offload fails on CPU)")
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    if device_type == "cuda" and next(model.parameters()).dtype == torch.float32:
+    dtypes = {p.dtype for p in model.parameters()}
+    if device_type == "cuda" and torch.float32 in dtypes:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    elif len(dtypes) > 1:  # LoRA: fp32 adapters on a lower-precision base compute in the base's dtype
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=min(dtypes, key=lambda d: d.itemsize),
+                                                   reduce_dtype=torch.float32)
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -66,7 +70,7 @@ def shard(model: nn.Module, mesh, device_type: str, reshard_after_forward: bool 
 
 
 def iter_full_param_buckets(model: nn.Module, bucket_bytes: int = 64 << 20, dtype: torch.dtype | None = None,
-                            ) -> Iterator[list[tuple[str, Tensor]]]:
+                            params: list[tuple[str, Tensor]] | None = None) -> Iterator[list[tuple[str, Tensor]]]:
     """Full (unsharded) parameters on the model's device, bucket by bucket, optionally cast to ``dtype``.
 
     Collective: every rank must iterate to the end. Each bucket is ONE all-gather of a flat buffer
@@ -74,9 +78,10 @@ def iter_full_param_buckets(model: nn.Module, bucket_bytes: int = 64 << 20, dtyp
     moves half the bytes of fp32 master weights); nothing goes through host memory. With one rank
     the local tensors are the full ones and come back as they are, in a single bucket (no copy;
     a cast to ``dtype`` goes bucket by bucket). The tensors of a bucket are valid until the next bucket is
-    requested: consume (copy) them before advancing.
+    requested: consume (copy) them before advancing. ``params``: these (name, parameter) of the model only
+    (LoRA: the adapters), in this order, instead of all of them.
     """
-    params = [(n, p.detach()) for n, p in model.named_parameters()]
+    params = [(n, p.detach()) for n, p in (model.named_parameters() if params is None else params)]
     sharded = any(hasattr(p, "full_tensor") for _, p in params)
     mesh = _shard0_mesh([p for _, p in params]) if sharded else None
     if not sharded or (mesh is not None and mesh.size() == 1):

@@ -191,8 +191,9 @@ class RolloutHost:
 
     def sleep(self) -> None:
         """Free the engine's memory for the update; its weights are dropped, not kept: the weight sync after
-        the update loads every parameter again."""
-        self.run(self.engine.sleep(discard_weights=True))
+        the update loads every parameter again. With LoRA the sync sends only the adapters, so the base
+        weights are kept (on a GPU they wait in host memory)."""
+        self.run(self.engine.sleep(discard_weights=self.cfg.actor_rollout_ref.model.lora_rank == 0))
 
     def close(self) -> None:
         self.run(self.stream.cancel())

@@ -202,8 +202,12 @@ class TrainWorker:
             self.sync_weights(self.version)
 
     def export_hf(self, path: str) -> str | None:
-        """Full policy in Hugging Face format (+ tokenizer), streamed; rank 0 writes and returns the path."""
+        """Full policy in Hugging Face format (+ tokenizer), streamed; rank 0 writes and returns the path. With
+        LoRA a PEFT adapter folder, and with trainer.export_merged_model the merged model at `path`_merged."""
         tok_path = self.cfg.actor_rollout_ref.model.tokenizer_path or self.model_path
+        if self.policy.lora:
+            merged = path + "_merged" if self.cfg.trainer.export_merged_model else None
+            return ckpt.export_lora(self.policy.actor, self.model_path, str(tok_path), path, self.rank, merged)
         return ckpt.export_hf(self.policy.actor, self.model_path, str(tok_path), path, self.rank)
 
     def run(self, fn: Callable[..., R], *args: Any) -> R:

@@ -1,0 +1,151 @@
+"""LoRA on the actor (actor_rollout_ref.model.lora_rank > 0), through PEFT.
+
+The base model is frozen (bf16 on GPU, or whatever model.dtype says) and holds no optimizer state; the
+adapters are fp32 master weights (PEFT's `autocast_adapter_dtype`). The reference policy is the same
+model with its adapters disabled (`reference_of`), never a second copy. The engine gets only the adapter
+tensors (`engine_adapter_tensors`), named after the base model's layers with B pre-scaled
+(engine/lora.py), and the HF export is a PEFT adapter folder (`export_adapter`), plus, with
+trainer.export_merged_model, the merged full model (`merged_tensors`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from verl_agent.config import ConfigError
+
+__all__ = ["adapter_parameters", "engine_adapter_tensors", "export_adapter", "is_lora", "lora_scaling",
+           "merged_tensors", "reference_of", "wrap_lora"]
+
+_PEFT_PREFIX = "base_model.model."
+_ADAPTER = re.compile(r"\.lora_([AB])\.[^.]+\.weight$")  # PEFT's parameter names carry the adapter's name
+
+
+def is_lora(model: nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def _lora_config(model_cfg: Any) -> Any:
+    from peft import LoraConfig
+
+    targets = model_cfg.target_modules
+    return LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha, lora_dropout=0.0, bias="none",
+                      target_modules=targets, exclude_modules=model_cfg.exclude_modules, task_type="CAUSAL_LM")
+
+
+def _check_names(base: nn.Module, model_cfg: Any) -> None:
+    """Every module name in target_modules / exclude_modules must name a layer of the model (PEFT itself only
+    complains when none matches), and targets must be linear layers (what the engine applies)."""
+    names = [n for n, _ in base.named_modules() if n]
+    for key in ("target_modules", "exclude_modules"):
+        value = getattr(model_cfg, key)
+        if not isinstance(value, list):
+            continue
+        missing = [v for v in value if not any(n == v or n.endswith("." + v) for n in names)]
+        if missing:
+            linear = sorted({n.rsplit(".", 1)[-1] for n, m in base.named_modules() if isinstance(m, nn.Linear)})
+            raise ConfigError(f"actor_rollout_ref.model.{key}: {missing} name no module of "
+                              f"{type(base).__name__}; its linear layers are {linear}")
+
+
+def wrap_lora(base: nn.Module, model_cfg: Any) -> nn.Module:
+    """The PEFT model around `base` (frozen): fresh adapters, or those of model_cfg.lora_adapter_path (trainable)."""
+    from peft import PeftModel, get_peft_model
+
+    _check_names(base, model_cfg)
+    if model_cfg.lora_adapter_path:
+        path = Path(model_cfg.lora_adapter_path)
+        if not (path / "adapter_config.json").is_file():
+            raise ConfigError(f"actor_rollout_ref.model.lora_adapter_path={str(path)!r}: no adapter_config.json there")
+        model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+        saved = model.peft_config["default"].r
+        if saved != model_cfg.lora_rank:
+            raise ConfigError(f"actor_rollout_ref.model.lora_rank={model_cfg.lora_rank}, but the adapter at "
+                              f"{str(path)!r} has rank {saved}")
+    else:
+        try:
+            model = get_peft_model(base, _lora_config(model_cfg))
+        except ValueError as e:  # e.g. a target regex that matches nothing
+            raise ConfigError(f"actor_rollout_ref.model.target_modules={model_cfg.target_modules!r}: {e}") from None
+    bad = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and not isinstance(m.get_base_layer(), nn.Linear)]
+    if bad:
+        raise ConfigError(f"actor_rollout_ref.model.target_modules: {bad[:3]} are not linear layers; adapters go on "
+                          "linear layers only")
+    for p in model.parameters():
+        if p.requires_grad and not p.is_floating_point():
+            p.requires_grad_(False)
+    for n, p in model.named_parameters():  # adapters train in fp32 whatever the base's dtype
+        if _ADAPTER.search(n) and p.dtype != torch.float32:
+            p.data = p.data.float()
+    return model
+
+
+def adapter_parameters(model: nn.Module) -> list[tuple[str, Tensor]]:
+    """The trainable (adapter) parameters, by PEFT name."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def lora_scaling(model: nn.Module) -> float:
+    cfg = model.peft_config["default"]
+    return float(cfg.lora_alpha) / float(cfg.r)
+
+
+def engine_name(peft_name: str) -> str:
+    """`base_model.model.model.layers.0.q_proj.lora_A.default.weight` -> `model.layers.0.q_proj.lora_A.weight`."""
+    name = peft_name[len(_PEFT_PREFIX):] if peft_name.startswith(_PEFT_PREFIX) else peft_name
+    return _ADAPTER.sub(lambda m: f".lora_{m.group(1)}.weight", name)
+
+
+def engine_adapter_tensors(buckets: Iterator[list[tuple[str, Tensor]]], scaling: float
+                           ) -> Iterator[list[tuple[str, Tensor]]]:  # fmt: skip
+    """Gathered adapter buckets renamed for the engine, B multiplied by the scaling (engine/lora.py)."""
+    for bucket in buckets:
+        yield [(engine_name(n), t * scaling if ".lora_B." in n else t) for n, t in bucket]
+
+
+@contextlib.contextmanager
+def reference_of(model: nn.Module) -> Iterator[nn.Module]:
+    """The reference policy: `model` with its adapters disabled (the frozen base, bit for bit)."""
+    with model.disable_adapter():
+        yield model
+
+
+def export_adapter(model: nn.Module, gathered: dict[str, Tensor], model_path: str, out: Path) -> None:
+    """A PEFT adapter folder: adapter_config.json + adapter_model.safetensors (the keys PEFT saves)."""
+    from safetensors.torch import save_file
+
+    cfg = model.peft_config["default"]
+    cfg.base_model_name_or_path = model_path
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(str(out))
+    state = {_ADAPTER.sub(lambda m: f".lora_{m.group(1)}.weight", n): t.detach().cpu().contiguous()
+             for n, t in gathered.items()}
+    save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def base_name(peft_name: str) -> str:
+    """A base parameter's name in the plain model: `base_model.model.X.base_layer.weight` -> `X.weight`."""
+    name = peft_name[len(_PEFT_PREFIX):] if peft_name.startswith(_PEFT_PREFIX) else peft_name
+    return name.replace(".base_layer.", ".")
+
+
+def merged_tensors(named: Iterator[tuple[str, Tensor]], adapters: dict[str, Tensor], scaling: float
+                   ) -> Iterator[tuple[str, Tensor]]:  # fmt: skip
+    """The base parameters (gathered, PEFT names) under their plain names, each targeted weight with
+    scaling x B A added (in fp32, then the base's dtype)."""
+    for name, t in named:
+        if _ADAPTER.search(name):
+            continue
+        if name.endswith(".base_layer.weight"):
+            prefix = name[: -len(".base_layer.weight")]
+            a = next(v for k, v in adapters.items() if k.startswith(prefix + ".lora_A."))
+            b = next(v for k, v in adapters.items() if k.startswith(prefix + ".lora_B."))
+            t = (t.float() + scaling * (b.float() @ a.float())).to(t.dtype)
+        yield base_name(name), t
