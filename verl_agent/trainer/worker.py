@@ -162,25 +162,26 @@ class TrainWorker:
 
     # -- weights (collective) -------------------------------------------------------------------
 
-    def sync_weights(self, version: int) -> float:
-        """Colocated: gather the full parameters bucket by bucket into this rank's engine as policy
-        `version` (rollouts in flight pause first, see `WeightSender.to_local_engine`); seconds."""
+    def sync_weights(self, version: int) -> tuple[float, int]:
+        """Colocated: gather the full parameters (LoRA: the adapters) bucket by bucket into this rank's engine
+        as policy `version` (rollouts in flight pause first, see `WeightSender.to_local_engine`); (seconds,
+        bytes the engine received)."""
         t0 = time.perf_counter()
         self.version = self.weights.to_local_engine(self._host(), self.policy.engine_weights(),
                                                     pause_drains(self.cfg), version, self.version)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, self.weights.sent_bytes
 
     def join_weight_group(self, addr: str, port: int, size: int) -> None:
         """Rank 0, split placement: host the `WeightGroup` that rollout workers on other GPUs or hosts join."""
         self.weights.join_group(addr, port, size)
 
-    def push_weights(self, version: int, rollout_workers: list, routes: list[str]) -> float:
-        """Split placement: stream the full parameters to every (already paused) RolloutWorker by its route
-        (`controller.weight_routes`); seconds."""
+    def push_weights(self, version: int, rollout_workers: list, routes: list[str]) -> tuple[float, int]:
+        """Split placement: stream the full parameters (LoRA: the adapters) to every (already paused)
+        RolloutWorker by its route (`controller.weight_routes`); (seconds, bytes each engine received)."""
         t0 = time.perf_counter()
         self.weights.to_rollout_workers(self.policy.engine_weights(), rollout_workers, routes)
         self.version = version
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, self.weights.sent_bytes
 
     # -- profiling (trainer.profile_steps), checkpoints, export ---------------------------------
 
