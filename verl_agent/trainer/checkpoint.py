@@ -174,6 +174,15 @@ def _options(trainable_only: bool):
     return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
 
 
+def _trainable(model: torch.nn.Module, model_sd: dict, optim_sd: dict, trainable_only: bool) -> tuple[dict, dict]:
+    """With `trainable_only`, drop what ignore_frozen_params lets through: a frozen weight tied to another
+    (the tied lm_head of the base) is not the trainer's to save."""
+    if trainable_only:
+        names = {n for n, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in names}
+    return model_sd, optim_sd
+
+
 def save_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 codec: str = "none", threads: int | None = None, trainable_only: bool = False) -> None:
     """Collective: every rank writes its shard of model + optimizer state (`state_files`), ``threads`` files
@@ -183,7 +192,8 @@ def save_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.
 
     from verl_agent.trainer.state_files import save_state
 
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    model_sd, optim_sd = _trainable(model, *get_state_dict(model, optimizer, options=_options(trainable_only)),
+                                    trainable_only)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     save_state(path / name, {"model": model_sd, "optim": optim_sd}, rank, world, threads, codec)
 
@@ -196,7 +206,7 @@ def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.
     from verl_agent.trainer.state_files import load_state
 
     options = _options(trainable_only)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    model_sd, optim_sd = _trainable(model, *get_state_dict(model, optimizer, options=options), trainable_only)
     state = load_state(path / name, {"model": model_sd, "optim": optim_sd})
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=options)
