@@ -259,13 +259,20 @@ class RolloutConfig(Section):
                                        "shape delays the first steps); sglang: --enable-torch-compile")
     free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
                                     "the actor trains; trainer.mode=sync only (the async modes keep generating)")
-    lora_mode: Literal["merge", "unmerged"] = Field(_HF.lora_mode, description="hf engine, with LoRA: merge the "  # type: ignore[assignment]
-                                                    "synced adapters into its weights (keeps a copy of each targeted "
-                                                    "base weight) or compute them unmerged in every forward")
+    lora_mode: Literal["auto", "merge", "unmerged"] = Field(
+        "auto", description="hf engine, with LoRA: merge the synced adapters into its weights (a copy of each "
+        "targeted base weight is kept; the faster decode on CPU) or compute them unmerged in every forward (no "
+        "copy: the memory matters on a GPU). auto: merge on CPU, unmerged on GPU")
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     val_kwargs: ValKwargsConfig = Field(default_factory=ValKwargsConfig)
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
     agent: AgentFunctionConfig = Field(default_factory=AgentFunctionConfig)
+
+    def engine_lora_mode(self, device_type: str) -> str:
+        """lora_mode with auto resolved for an engine on `device_type` ("cpu", "cuda")."""
+        if self.lora_mode != "auto":
+            return self.lora_mode
+        return "merge" if device_type == "cpu" else "unmerged"
 
 
 class ActorRolloutRefConfig(Section):

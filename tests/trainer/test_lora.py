@@ -73,6 +73,10 @@ def test_lora_policy(make_cfg, tiny_model_path, one_rank, random_seqs, tmp_path)
     linear = [m for n, m in load_causal_lm(str(tiny_model_path)).named_modules()
               if isinstance(m, torch.nn.Linear) and n != "lm_head"]  # all-linear: every decoder linear layer
     assert policy.num_trainable_parameters == sum(4 * (m.in_features + m.out_features) for m in linear)
+    n_adapter = policy.num_trainable_parameters
+    peak = policy.memory.peak  # the plan knows: gradients and moments of the adapters alone, no reference copy
+    assert (peak.grads, peak.optimizer) == (4 * n_adapter, 8 * n_adapter)
+    assert peak.weights == 4 * policy.num_parameters
     frozen = {n: p.detach().clone() for n, p in policy.actor.named_parameters() if not p.requires_grad}
     seqs = random_seqs(6, 300)
     for s in seqs:  # the engine's log-probs, which the log-prob metrics set against the actor's

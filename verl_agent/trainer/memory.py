@@ -280,7 +280,7 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
     if t.placement == "colocated" and r.name == "hf":  # sglang servers and split rollout workers size their own
         slots = r.max_num_seqs or engine_slots(cfg, world)
         dtype = getattr(torch, r.dtype or arr.model.dtype)
-        engine = (shape.params + _engine_lora_extra(actor, r.lora_mode)) * torch.empty((), dtype=dtype).element_size()
+        engine = (shape.params + _engine_lora_extra(actor, r.engine_lora_mode(device.type))) * torch.empty((), dtype=dtype).element_size()
         working = engine_working_bytes(shape, slots, r.max_num_batched_tokens, dtype)
         bpt = kv_bytes_per_token(config, dtype)
         kv_full, kv_min = slots * (longest + 1) * bpt, (longest + 1) * bpt
