@@ -100,6 +100,7 @@ class TrainWorker:
         return {"rank": self.rank, "device": str(self.device), "node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(), "memory": memory_key(self.device),
                 "num_parameters": self.policy.num_parameters, "pid": os.getpid(),
+                "trainable_parameters": self.policy.num_trainable_parameters,
                 "memory_plan": self.policy.memory_plan_info()}
 
     # -- rollout -------------------------------------------------------------------------------
