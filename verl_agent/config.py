@@ -567,7 +567,9 @@ def _refuse_lora(c: RunConfig, refuse: _Refuse) -> None:
         refuse(t.export_merged_model, "trainer.export_merged_model", True,
                "without LoRA the export is the full model already (set actor_rollout_ref.model.lora_rank > 0)")
     refuse(m.lora_rank > 0 and c.actor_rollout_ref.rollout.name == "sglang", "actor_rollout_ref.model.lora_rank",
-           m.lora_rank, "adapter sync into SGLang is not implemented: use actor_rollout_ref.rollout.name=hf with LoRA")
+           m.lora_rank, "SGLang 0.5.23 serves LoRA adapters on GPU only (its LoRA layers pin host memory, which "
+           "needs a CUDA driver), and the adapter sync into SGLang is not implemented: use "
+           "actor_rollout_ref.rollout.name=hf with LoRA")
 
 
 # ---------------------------------------------------------------- loading
