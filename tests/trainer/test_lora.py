@@ -140,15 +140,27 @@ def test_lora_config_errors(make_cfg, tiny_model_path, one_rank):
 
 @pytest.mark.slow
 def test_lora_yaml_on_two_ranks_syncs_adapters_only(ray_cluster, make_cfg, random_seqs, tmp_path):
-    """A verl-style YAML with the LoRA keys, 2 FSDP2 ranks: an update, then the sync moves the adapters alone
-    (their bytes in the engine's dtype) and each rank's engine samples with the actor's log-probs."""
+    """A verl-style YAML with the LoRA keys, 2 FSDP2 ranks, starting from an adapter folder
+    (lora_adapter_path: the engines get it before the first rollout): an update, then the sync moves the
+    adapters alone (their bytes in the engine's dtype) and each rank's engine samples with the actor's
+    log-probs."""
+    from peft import LoraConfig, get_peft_model
+
+    from verl_agent.trainer.fsdp import load_causal_lm
     from verl_agent.trainer.controller import WorkerGroup
     from verl_agent.trainer.sharding import shard_list
     from worker_probes import check_sync, set_sequences
 
     tree = make_cfg().model_dump(mode="json")
+    start = get_peft_model(load_causal_lm(tree["actor_rollout_ref"]["model"]["path"]),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", exclude_modules=["o_proj"]))
+    with torch.no_grad():  # B != 0: an engine without the adapter would sample from another policy
+        for n, p in start.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(n)))
+    start.save_pretrained(tmp_path / "start")
     tree["actor_rollout_ref"]["model"].update(lora_rank=8, lora_alpha=16, target_modules="all-linear",
-                                              exclude_modules=["o_proj"])
+                                              exclude_modules=["o_proj"], lora_adapter_path=str(tmp_path / "start"))
     tree["actor_rollout_ref"]["actor"].update(use_kl_loss=True, kl_loss_coef=0.01)
     path = tmp_path / "lora.yaml"
     path.write_text(yaml.safe_dump(tree))
@@ -156,7 +168,11 @@ def test_lora_yaml_on_two_ranks_syncs_adapters_only(ray_cluster, make_cfg, rando
     group = WorkerGroup.create(cfg)
     try:
         prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
-        assert max(check_sync(group, prompts)) < 1e-4
+        assert max(check_sync(group, prompts)) < 1e-4  # the engines hold the starting adapter
+        start_b = {n: p for n, p in start.named_parameters() if ".lora_B." in n}
+        actor_b = group.run(lambda w: {n: p.full_tensor().clone() for n, p in w.policy.actor.named_parameters()
+                                       if ".lora_B." in n})[0]
+        assert actor_b.keys() == start_b.keys() and all(torch.equal(actor_b[n], start_b[n]) for n in start_b)
         seqs = random_seqs(8, 300)
         for s in seqs:
             s.advantages = torch.randn(s.response_len)

@@ -57,12 +57,9 @@ def shard(model: nn.Module, mesh, device_type: str, reshard_after_forward: bool 
         if device_type != "cuda":
             raise ValueError("fsdp_config.param_offload needs GPU workers (FSDP2 CPU offload fails on CPU)")
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    dtypes = {p.dtype for p in model.parameters()}
-    if device_type == "cuda" and torch.float32 in dtypes:
+    # LoRA: a frozen bf16 base beside fp32 adapters (FSDP2 wants one dtype among the trained parameters only)
+    if device_type == "cuda" and any(p.dtype == torch.float32 for p in model.parameters()):
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    elif len(dtypes) > 1:  # LoRA: fp32 adapters on a lower-precision base compute in the base's dtype
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=min(dtypes, key=lambda d: d.itemsize),
-                                                   reduce_dtype=torch.float32)
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
