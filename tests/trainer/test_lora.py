@@ -119,7 +119,10 @@ def test_lora_policy(make_cfg, tiny_model_path, one_rank, random_seqs, tmp_path)
         assert torch.allclose(a, b, atol=1e-5) and torch.allclose(a, c, atol=1e-4)
 
 
-def test_lora_config_errors(make_cfg, tiny_model_path, one_rank):
+def test_lora_config_errors(make_cfg, tiny_model_path, one_rank, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from verl_agent.trainer.fsdp import load_causal_lm
     from verl_agent.trainer.policy import Policy
 
     with pytest.raises(ConfigError, match="lora_rank.*greater than or equal to 0"):
@@ -136,6 +139,14 @@ def test_lora_config_errors(make_cfg, tiny_model_path, one_rank):
     cfg = make_cfg(*LORA, "actor_rollout_ref.model.lora_adapter_path=/nonexistent", "trainer.num_cpu_workers=1")
     with pytest.raises(ConfigError, match="lora_adapter_path.*no adapter_config.json"):
         Policy(cfg, 0, torch.device("cpu"), one_rank, str(tiny_model_path))
+    adapter = tmp_path / "adapter"
+    get_peft_model(load_causal_lm(str(tiny_model_path)), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])
+                   ).save_pretrained(adapter)
+    for extra, match in [("actor_rollout_ref.model.lora_alpha=16", r"lora_alpha=8, but .*lora_alpha=16"),
+                         ("actor_rollout_ref.model.target_modules=[q_proj,v_proj]", "4 configured adapter tensors missing")]:
+        cfg = make_cfg(*LORA, extra, f"actor_rollout_ref.model.lora_adapter_path={adapter}", "trainer.num_cpu_workers=1")
+        with pytest.raises(ConfigError, match=match):
+            Policy(cfg, 0, torch.device("cpu"), one_rank, str(tiny_model_path))
 
 
 @pytest.mark.slow

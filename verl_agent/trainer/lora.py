@@ -11,6 +11,7 @@ trainer.export_merged_model, the merged full model (`merged_tensors`).
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,35 +57,48 @@ def _check_names(base: nn.Module, model_cfg: Any) -> None:
 
 
 def wrap_lora(base: nn.Module, model_cfg: Any) -> nn.Module:
-    """The PEFT model around `base` (frozen): fresh adapters, or those of model_cfg.lora_adapter_path (trainable)."""
-    from peft import PeftModel, get_peft_model
+    """The PEFT model around `base` (frozen) with the configured adapters: fresh (B = 0, the base's policy), or
+    with the weights of model_cfg.lora_adapter_path, which must fit the configuration."""
+    from peft import get_peft_model
 
     _check_names(base, model_cfg)
-    if model_cfg.lora_adapter_path:
-        path = Path(model_cfg.lora_adapter_path)
-        if not (path / "adapter_config.json").is_file():
-            raise ConfigError(f"actor_rollout_ref.model.lora_adapter_path={str(path)!r}: no adapter_config.json there")
-        model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
-        saved = model.peft_config["default"].r
-        if saved != model_cfg.lora_rank:
-            raise ConfigError(f"actor_rollout_ref.model.lora_rank={model_cfg.lora_rank}, but the adapter at "
-                              f"{str(path)!r} has rank {saved}")
-    else:
-        try:
-            model = get_peft_model(base, _lora_config(model_cfg))
-        except ValueError as e:  # e.g. a target regex that matches nothing
-            raise ConfigError(f"actor_rollout_ref.model.target_modules={model_cfg.target_modules!r}: {e}") from None
+    try:
+        model = get_peft_model(base, _lora_config(model_cfg))
+    except ValueError as e:  # e.g. a target regex that matches nothing
+        raise ConfigError(f"actor_rollout_ref.model.target_modules={model_cfg.target_modules!r}: {e}") from None
     bad = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and not isinstance(m.get_base_layer(), nn.Linear)]
     if bad:
         raise ConfigError(f"actor_rollout_ref.model.target_modules: {bad[:3]} are not linear layers; adapters go on "
                           "linear layers only")
-    for p in model.parameters():
-        if p.requires_grad and not p.is_floating_point():
-            p.requires_grad_(False)
+    if model_cfg.lora_adapter_path:
+        _load_adapter(model, model_cfg)
     for n, p in model.named_parameters():  # adapters train in fp32 whatever the base's dtype
         if _ADAPTER.search(n) and p.dtype != torch.float32:
             p.data = p.data.float()
     return model
+
+
+def _load_adapter(model: nn.Module, model_cfg: Any) -> None:
+    """Load a PEFT adapter folder into the configured adapters: rank, alpha and the adapted layers must match
+    the configuration (the config is what the run says it trains; a silent difference would be ignored keys)."""
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path, key = Path(model_cfg.lora_adapter_path), "actor_rollout_ref.model.lora_adapter_path"
+    if not (path / "adapter_config.json").is_file() or not (path / "adapter_model.safetensors").is_file():
+        raise ConfigError(f"{key}={str(path)!r}: no adapter_config.json + adapter_model.safetensors there")
+    saved = json.loads((path / "adapter_config.json").read_text())
+    for name, ours in (("r", model_cfg.lora_rank), ("lora_alpha", model_cfg.lora_alpha)):
+        if float(saved.get(name, -1)) != float(ours):
+            conf = "lora_rank" if name == "r" else name
+            raise ConfigError(f"{key}: the adapter has {name}={saved.get(name)}, but actor_rollout_ref.model.{conf}="
+                              f"{ours}")
+    result = set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
+    missing = [k for k in result.missing_keys if _ADAPTER.search(k)]
+    if missing or result.unexpected_keys:
+        raise ConfigError(f"{key}: the adapter's layers differ from target_modules / exclude_modules: "
+                          f"{len(missing)} configured adapter tensors missing (e.g. {missing[:2]}), "
+                          f"{len(result.unexpected_keys)} not configured (e.g. {result.unexpected_keys[:2]})")
 
 
 def adapter_parameters(model: nn.Module) -> list[tuple[str, Tensor]]:
