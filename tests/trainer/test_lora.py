@@ -196,3 +196,28 @@ def test_lora_yaml_on_two_ranks_syncs_adapters_only(ray_cluster, make_cfg, rando
         assert max(check_sync(group, prompts)) < 1e-4
     finally:
         group.shutdown()
+
+
+def test_reference_pass_then_update_under_gpu_mixed_precision(tiny_model_path, one_rank):
+    """The GPU layout (bf16 base, fp32 adapters, FSDP2 bf16 compute with fp32 gradient reduction) on CPU:
+    `shard(..., "cuda")` picks that mixed-precision policy (no GPU here). A reference pass, then a backward,
+    must give the adapters fp32 gradients, and the reference equals the base with the adapters at zero."""
+    from verl_agent.trainer.fsdp import load_causal_lm, shard
+    from verl_agent.trainer.lora import reference_of, wrap_lora
+
+    model_cfg = load_config(None, LORA).actor_rollout_ref.model
+    model = shard(wrap_lora(load_causal_lm(str(tiny_model_path), "bfloat16"), model_cfg), one_rank, "cuda")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".lora_B." in n:
+                p.to_local().normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), reference_of(model):
+        ref = model(input_ids=ids).logits
+    model(input_ids=ids).logits.float().sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert grads and all(g is not None and g.dtype == torch.float32 for g in grads.values())
+    base = load_causal_lm(str(tiny_model_path), "bfloat16").eval()
+    with torch.no_grad():
+        assert torch.equal(ref, base(input_ids=ids).logits)
+        assert not torch.equal(model(input_ids=ids).logits, ref)  # the adapters count again after the block

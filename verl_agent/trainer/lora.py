@@ -126,9 +126,20 @@ def engine_adapter_tensors(buckets: Iterator[list[tuple[str, Tensor]]], scaling:
 
 @contextlib.contextmanager
 def reference_of(model: nn.Module) -> Iterator[nn.Module]:
-    """The reference policy: `model` with its adapters disabled (the frozen base, bit for bit)."""
-    with model.disable_adapter():
+    """The reference policy: `model` with its adapters switched off, i.e. the frozen base bit for bit (each
+    adapted layer adds B A x scaled by 0: an exact +0).
+
+    Not PEFT's `disable_adapter()`: a forward that skips the adapters leaves FSDP2 under bf16 mixed
+    precision to reduce the next backward's adapter gradients in bf16 into fp32 parameters, which fails."""
+    layers = [m for m in model.modules() if hasattr(m, "lora_A") and isinstance(getattr(m, "scaling", None), dict)]
+    saved = [dict(m.scaling) for m in layers]
+    for m in layers:
+        m.scaling = {k: 0.0 for k in m.scaling}
+    try:
         yield model
+    finally:
+        for m, scaling in zip(layers, saved):
+            m.scaling = scaling
 
 
 def export_adapter(model: nn.Module, gathered: dict[str, Tensor], model_path: str, out: Path) -> None:
