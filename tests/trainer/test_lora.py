@@ -221,3 +221,39 @@ def test_reference_pass_then_update_under_gpu_mixed_precision(tiny_model_path, o
     with torch.no_grad():
         assert torch.equal(ref, base(input_ids=ids).logits)
         assert not torch.equal(model(input_ids=ids).logits, ref)  # the adapters count again after the block
+
+
+def test_engine_reads_the_trainers_base_on_one_rank(make_cfg, tiny_model_path, one_rank, random_seqs):
+    """One train rank, unmerged adapters, an engine that never sleeps: the colocated engine's parameters are
+    the actor's frozen base tensors (no copy), through updates and syncs, and it samples the actor's policy."""
+    from types import SimpleNamespace
+
+    from verl_agent.trainer.policy import Policy
+    from verl_agent.trainer.rollout_worker import RolloutHost
+    from verl_agent.trainer.weight_transport import WeightSender
+    from verl_agent.trainer import lora, memory
+    from worker_probes import _max_log_prob_gap
+
+    cfg = make_cfg(*LORA, "trainer.num_cpu_workers=1", "actor_rollout_ref.rollout.lora_mode=unmerged",
+                   "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.optim.lr=1e-2")
+    assert lora.engine_shares_base(cfg, "cpu", 1) and not lora.engine_shares_base(cfg, "cpu", 2)
+    device = torch.device("cpu")
+    policy = Policy(cfg, 0, device, one_rank, str(tiny_model_path))
+    planned = memory._inputs(cfg, policy.actor, device, [policy.actor])
+    assert planned.engine_bytes == 4 * policy.num_trainable_parameters  # the engine's adapters, no second base
+    host = RolloutHost(cfg, 0, str(tiny_model_path), device, shards=1, kv_cache_bytes=policy.memory.kv_cache_bytes,
+                       shared_base=lora.base_tensors(policy.actor))
+    try:
+        base = lora.base_tensors(policy.actor)
+        engine = dict(host.engine.model.named_parameters())
+        assert engine.keys() == base.keys() and all(engine[n].data_ptr() == t.data_ptr() for n, t in base.items())
+        seqs = random_seqs(6, 300)
+        for s in seqs:
+            s.advantages = torch.linspace(-1, 1, s.response_len)
+        policy.update(seqs, n_minibatches=1, step=1)
+        WeightSender(0, device).to_local_engine(host, policy.engine_weights(), drain=True, version=1, previous=0)
+        worker = SimpleNamespace(rollout=host, policy=policy, device=device)
+        assert _max_log_prob_gap(worker, [[5, 6, 7, 8], [9, 10, 11]], 12) < 1e-4
+        assert all(engine[n].data_ptr() == t.data_ptr() for n, t in base.items())
+    finally:
+        host.close()

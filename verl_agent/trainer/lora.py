@@ -174,3 +174,34 @@ def merged_tensors(named: Iterator[tuple[str, Tensor]], adapters: dict[str, Tens
             b = next(v for k, v in adapters.items() if k.startswith(prefix + ".lora_B."))
             t = (t.float() + scaling * (b.float() @ a.float())).to(t.dtype)
         yield base_name(name), t
+
+
+def engine_shares_base(cfg: Any, device_type: str, world: int) -> bool:
+    """Can the colocated hf engine read the trainer's frozen base tensors instead of a copy of its own?
+
+    Yes with one train rank (its FSDP2 shard is the whole tensor), the same dtype on both sides (on GPU the
+    base is bf16), adapters applied unmerged (a merge would write into the trainer's base) and an engine that
+    never sleeps (a sleep moves an engine's weights off the device and back as copies)."""
+    arr, t = cfg.actor_rollout_ref, cfg.trainer
+    r = arr.rollout
+    base_dtype = "bfloat16" if device_type == "cuda" else arr.model.dtype
+    return (arr.model.lora_rank > 0 and world == 1 and t.placement == "colocated" and r.name == "hf"
+            and (r.dtype or arr.model.dtype) == base_dtype and r.engine_lora_mode(device_type) == "unmerged"
+            and not (t.mode == "sync" and r.free_cache_engine))
+
+
+def base_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """The frozen base parameters of one rank's (unsharded, world 1) actor under their plain model names."""
+    return {base_name(n): (p.to_local() if hasattr(p, "to_local") else p).detach()
+            for n, p in model.named_parameters() if not p.requires_grad}
+
+
+def share_base(engine_model: nn.Module, base: dict[str, Tensor]) -> None:
+    """Point every parameter of the engine's model at the trainer's tensor of the same name (no copy)."""
+    for name, p in engine_model.named_parameters():
+        t = base.get(name)
+        if t is None or t.shape != p.shape or t.dtype != p.dtype:
+            raise RuntimeError(f"sharing the base weights: the trainer has no {p.dtype} tensor of shape "
+                               f"{tuple(p.shape)} named {name!r}")
+        p.data = t
+

@@ -32,6 +32,7 @@ from verl_agent.config import ConfigError
 from verl_agent.engine.kv_pool import (
     device_available_bytes, device_memory_bytes, kv_bytes_per_token, share_budget,
 )
+from verl_agent.trainer.lora import engine_shares_base
 
 logger = logging.getLogger(__name__)
 
@@ -281,6 +282,8 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
         slots = r.max_num_seqs or engine_slots(cfg, world)
         dtype = getattr(torch, r.dtype or arr.model.dtype)
         engine = (shape.params + _engine_lora_extra(actor, r.engine_lora_mode(device.type))) * torch.empty((), dtype=dtype).element_size()
+        if lora and engine_shares_base(cfg, device.type, world):  # it reads the actor's base: its adapters only
+            engine = sum(p.numel() for p in actor.parameters() if p.requires_grad) * torch.empty((), dtype=dtype).element_size()
         working = engine_working_bytes(shape, slots, r.max_num_batched_tokens, dtype)
         bpt = kv_bytes_per_token(config, dtype)
         kv_full, kv_min = slots * (longest + 1) * bpt, (longest + 1) * bpt
