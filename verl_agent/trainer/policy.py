@@ -77,7 +77,7 @@ class Policy:
         self.actor = shard(self._load(arr.model.enable_gradient_checkpointing, fc.param_offload, self.lora), mesh,
                            device.type, fc.reshard_after_forward, fc.param_offload)
         self.optim, self.sched = self._optimizer(self.actor, a.optim)
-        self.ref: torch.nn.Module | None = None  # with LoRA the reference is the actor with adapters disabled
+        self.ref: torch.nn.Module | None = None  # with LoRA the reference is the actor, adapters switched off
         self.needs_ref = a.use_kl_loss or cfg.algorithm.use_kl_in_reward
         if self.needs_ref and not self.lora:
             rc = arr.ref.fsdp_config
