@@ -143,8 +143,10 @@ def test_lora_config_errors(make_cfg, tiny_model_path, one_rank, tmp_path):
     get_peft_model(load_causal_lm(str(tiny_model_path)), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])
                    ).save_pretrained(adapter)
     for extra, match in [("actor_rollout_ref.model.lora_alpha=16", r"lora_alpha=8, but .*lora_alpha=16"),
-                         ("actor_rollout_ref.model.target_modules=[q_proj,v_proj]", "4 configured adapter tensors missing")]:
-        cfg = make_cfg(*LORA, extra, f"actor_rollout_ref.model.lora_adapter_path={adapter}", "trainer.num_cpu_workers=1")
+                         ("actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+                          "4 configured adapter tensors missing")]:
+        cfg = make_cfg(*LORA, extra, f"actor_rollout_ref.model.lora_adapter_path={adapter}",
+                       "trainer.num_cpu_workers=1")
         with pytest.raises(ConfigError, match=match):
             Policy(cfg, 0, torch.device("cpu"), one_rank, str(tiny_model_path))
 

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from verl_agent.trainer.policy import Policy
 
 __all__ = ["CKPT_DIR", "LATEST", "MARKER", "tmp_dir", "finalize", "discard", "verify", "find_latest",
-           "latest_checkpoint", "driver_state", "restore_driver_rng", "save_shards", "load_shards", "save_policy", "load_policy", "export_hf",
-           "export_lora"]
+           "latest_checkpoint", "driver_state", "restore_driver_rng", "save_shards", "load_shards", "save_policy",
+           "load_policy", "export_hf", "export_lora"]
 
 logger = logging.getLogger(__name__)
 

@@ -66,7 +66,8 @@ def wrap_lora(base: nn.Module, model_cfg: Any) -> nn.Module:
         model = get_peft_model(base, _lora_config(model_cfg))
     except ValueError as e:  # e.g. a target regex that matches nothing
         raise ConfigError(f"actor_rollout_ref.model.target_modules={model_cfg.target_modules!r}: {e}") from None
-    bad = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and not isinstance(m.get_base_layer(), nn.Linear)]
+    bad = [n for n, m in model.named_modules()
+           if hasattr(m, "lora_A") and not isinstance(m.get_base_layer(), nn.Linear)]
     if bad:
         raise ConfigError(f"actor_rollout_ref.model.target_modules: {bad[:3]} are not linear layers; adapters go on "
                           "linear layers only")

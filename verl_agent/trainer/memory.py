@@ -281,9 +281,10 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
     if t.placement == "colocated" and r.name == "hf":  # sglang servers and split rollout workers size their own
         slots = r.max_num_seqs or engine_slots(cfg, world)
         dtype = getattr(torch, r.dtype or arr.model.dtype)
-        engine = (shape.params + _engine_lora_extra(actor, r.engine_lora_mode(device.type))) * torch.empty((), dtype=dtype).element_size()
+        size = torch.empty((), dtype=dtype).element_size()
+        engine = (shape.params + _engine_lora_extra(actor, r.engine_lora_mode(device.type))) * size
         if lora and engine_shares_base(cfg, device.type, world):  # it reads the actor's base: its adapters only
-            engine = sum(p.numel() for p in actor.parameters() if p.requires_grad) * torch.empty((), dtype=dtype).element_size()
+            engine = sum(p.numel() for p in actor.parameters() if p.requires_grad) * size
         working = engine_working_bytes(shape, slots, r.max_num_batched_tokens, dtype)
         bpt = kv_bytes_per_token(config, dtype)
         kv_full, kv_min = slots * (longest + 1) * bpt, (longest + 1) * bpt
@@ -298,7 +299,8 @@ def _engine_lora_extra(actor: nn.Module, mode: str) -> int:
     (engine/lora.py; the adapters themselves are counted in the model's parameters either way)."""
     if mode != "merge":
         return 0
-    return sum(m.base_layer.weight.numel() for m in actor.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer"))
+    return sum(m.base_layer.weight.numel() for m in actor.modules()
+               if hasattr(m, "lora_A") and hasattr(m, "base_layer"))
 
 
 def engine_working_bytes(shape: ModelShape, slots: int, prefill_tokens: int, dtype: torch.dtype) -> int:
