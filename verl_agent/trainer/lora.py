@@ -2,9 +2,10 @@
 
 The base model is frozen (bf16 on GPU, or whatever model.dtype says) and holds no optimizer state; the
 adapters are fp32 master weights (PEFT's `autocast_adapter_dtype`). The reference policy is the same
-model with its adapters disabled (`reference_of`), never a second copy. The engine gets only the adapter
-tensors (`engine_adapter_tensors`), named after the base model's layers with B pre-scaled
-(engine/lora.py), and the HF export is a PEFT adapter folder (`export_adapter`), plus, with
+model with its adapters switched off (`reference_of`), never a second copy. The engine gets only the
+adapter tensors (`engine_adapter_tensors`), named after the base model's layers with B pre-scaled
+(engine/lora.py); with one train rank it may read the actor's base tensors instead of holding its own
+(`engine_shares_base`). The HF export is a PEFT adapter folder (`export_adapter`), plus, with
 trainer.export_merged_model, the merged full model (`merged_tensors`).
 """
 
@@ -22,28 +23,24 @@ from torch import Tensor, nn
 
 from verl_agent.config import ConfigError
 
-__all__ = ["adapter_parameters", "engine_adapter_tensors", "export_adapter", "is_lora", "lora_scaling",
-           "merged_tensors", "reference_of", "wrap_lora"]
+__all__ = ["adapter_parameters", "base_name", "base_tensors", "engine_adapter_tensors", "engine_name",
+           "engine_shares_base", "export_adapter", "lora_scaling", "merged_tensors", "reference_of", "share_base",
+           "wrap_lora"]
 
 _PEFT_PREFIX = "base_model.model."
 _ADAPTER = re.compile(r"\.lora_([AB])\.[^.]+\.weight$")  # PEFT's parameter names carry the adapter's name
 
 
-def is_lora(model: nn.Module) -> bool:
-    return hasattr(model, "peft_config")
-
-
 def _lora_config(model_cfg: Any) -> Any:
     from peft import LoraConfig
 
-    targets = model_cfg.target_modules
     return LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha, lora_dropout=0.0, bias="none",
-                      target_modules=targets, exclude_modules=model_cfg.exclude_modules, task_type="CAUSAL_LM")
+                      target_modules=model_cfg.target_modules, exclude_modules=model_cfg.exclude_modules, task_type="CAUSAL_LM")
 
 
 def _check_names(base: nn.Module, model_cfg: Any) -> None:
-    """Every module name in target_modules / exclude_modules must name a layer of the model (PEFT itself only
-    complains when none matches), and targets must be linear layers (what the engine applies)."""
+    """Every module name in a target_modules / exclude_modules list must name a layer of the model (PEFT itself
+    only complains when none matches)."""
     names = [n for n, _ in base.named_modules() if n]
     for key in ("target_modules", "exclude_modules"):
         value = getattr(model_cfg, key)
