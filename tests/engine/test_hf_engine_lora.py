@@ -63,19 +63,22 @@ def test_engine_applies_adapters_as_peft_does(tiny_model_path, mode):
     engine = HFEngine(str(tiny_model_path), lora_mode=mode, max_num_seqs=4, max_model_len=64)
     try:
         base = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
-        for seed in range(1, 21):  # many syncs: a merge always starts again from the kept base weights
-            adapters = _adapters(engine.model, 4, seed)
-            asyncio.run(engine.update_weights(adapters))
+        q = "model.layers.0.self_attn.q_proj"
+        adapters = _adapters(engine.model, 4, 1)
+        asyncio.run(engine.update_weights(adapters))
+        first = engine.model.get_parameter(f"{q}.weight").detach().clone()
+        for seed in [*range(2, 21), 1]:  # many syncs, then the first adapter again: no drift, bit for bit
+            asyncio.run(engine.update_weights(_adapters(engine.model, 4, seed)))
+        assert torch.equal(engine.model.get_parameter(f"{q}.weight"), first)
         reference = _peft_reference(tiny_model_path, adapters, 4)
         prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13]]
         tokens, logps = _engine_log_probs(engine, prompts)
         for p, t, lp in zip(prompts, tokens, logps):
             assert torch.allclose(lp, _model_log_probs(reference, p, t), atol=1e-4), mode
-        q = "model.layers.0.self_attn.q_proj"
         a, b = dict(adapters)[f"{q}.lora_A.weight"], dict(adapters)[f"{q}.lora_B.weight"]
         weight = engine.model.get_parameter(f"{q}.weight").detach()
-        if mode == "merge":  # exactly base + B A of the last sync: no trace of the 19 before
-            assert torch.equal(weight, base[f"{q}.weight"] + b @ a)
+        if mode == "merge":  # base + B A of the last sync
+            assert torch.allclose(weight, base[f"{q}.weight"] + b @ a, atol=1e-6)
         else:  # the base is untouched; the adapter lives beside it
             assert torch.equal(weight, base[f"{q}.weight"])
             assert torch.equal(engine.model.get_submodule(q).lora_B, b)

@@ -85,8 +85,11 @@ def _merge(module: nn.Linear, a: Tensor, b: Tensor) -> None:
     if base is None:
         base = w.detach().clone()
         module.register_buffer("lora_base", base, persistent=False)
-    delta = b.to(w.device, torch.float32) @ a.to(w.device, torch.float32)
-    w.copy_((base.float() + delta).to(w.dtype))
+    a32, b32 = a.to(w.device, torch.float32), b.to(w.device, torch.float32)
+    if w.dtype == torch.float32:  # one fused W0 + B A straight into the weight, no temporaries
+        torch.addmm(base, b32, a32, out=w.data)
+    else:  # in fp32, rounded once to the weight's dtype
+        w.copy_(torch.addmm(base.float(), b32, a32))
 
 
 @torch.no_grad()
