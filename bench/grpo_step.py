@@ -3,8 +3,13 @@
   python bench/grpo_step.py --shape 0.5b                 # one GPU: ours, then TRL 1.16 (if installed), same batch
   python bench/grpo_step.py --shape 7b --no-trl          # ours only; checkpoint + HF export at the end
   python bench/grpo_step.py --shape tiny --device cpu    # the CPU demo's step (examples/calculator, 2 gloo workers)
+  python bench/grpo_step.py --shape 7b --no-trl --lora-rank 32 --full-too
+                                                         # LoRA r=32 on all linear layers, engine awake, and the
+                                                         # full fine-tune in the same run (ratio of warm steps)
+  python bench/grpo_step.py --shape 14b --no-trl --lora-rank 32   # Qwen2.5-14B's shape: LoRA on one GPU
 
-Shapes: 0.5b and 7b are Qwen2-0.5B / Qwen2-7B configurations with random weights (bf16 on disk) and a
+Shapes: 0.5b, 7b, 14b and 32b are Qwen2-0.5B / Qwen2-7B / Qwen2.5-14B / Qwen2.5-32B configurations with
+random weights (bf16 on disk; 32b needs ~66 GB of disk: --model-dir) and a
 character-level tokenizer of the same vocabulary size (`char_tokenizer`), so a prompt of 128 letters is
 128 tokens (plus the chat template's ~45) on both sides. Both trainers: 8 prompts x 8 samples, 256 new
 tokens, temperature 1, fp32 master weights with bf16 compute, gradient checkpointing, no KL (beta 0).
@@ -17,6 +22,11 @@ MFU of the update = 6 x parameters x trained tokens / update seconds / the card'
 A roofline line (bench/roofline.py) sets decode ms per step against the bandwidth floor for the shape and
 rows, and the update against 6ND / peak FLOP/s. `--results` appends the JSON line to
 bench/results/grpo_step_<shape>_<card>_<date>.jsonl, so that figures in the docs trace back to a run.
+
+--lora-rank R (lora_alpha 2R, --target-modules, default all-linear): the frozen base in bf16 with fp32
+adapters, the engine awake during the update (rollout.free_cache_engine=false); the table adds the adapter
+parameters, the bytes and seconds of one weight sync (adapters only) and, with --full-too, the full
+fine-tune's warm step measured first in the same process, and the ratio.
 """
 
 from __future__ import annotations
@@ -43,6 +53,10 @@ SHAPES = {  # Qwen2-0.5B and Qwen2-7B (config.json of the released models)
                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "14b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40,
+                num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
+    "32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
 }
 PHASES = ("step", "rollout", "log_probs", "advantages", "update", "weight_sync")
 ENGINE_KEYS = ("prefill_s", "decode_s", "decode_steps", "decode_rows", "graph_capture_s", "graph_captures",
@@ -175,13 +189,24 @@ def _gpu_used_mib() -> int:
 # -- ours -----------------------------------------------------------------------------------------
 
 
-def run_ours(args, model_dir: Path | None, work: Path) -> dict:
+def lora_overrides(rank: int, targets: list[str] | None) -> list[str]:
+    """LoRA at `rank` (alpha 2 x rank) on `targets` (default all-linear), the engine awake during the update."""
+    if rank <= 0:
+        return []
+    target = "all-linear" if not targets or targets == ["all-linear"] else "[" + ",".join(targets) + "]"
+    return [f"actor_rollout_ref.model.lora_rank={rank}", f"actor_rollout_ref.model.lora_alpha={2 * rank}",
+            f"actor_rollout_ref.model.target_modules={target}", "actor_rollout_ref.rollout.free_cache_engine=false"]
+
+
+def run_ours(args, model_dir: Path | None, work: Path, lora_rank: int = 0) -> dict:
     """Our trainer through train(cfg); per-phase seconds from the history."""
     from verl_agent.config import load_config
     from verl_agent.trainer.loop import train
 
+    shutil.rmtree(work / "run", ignore_errors=True)  # --full-too: the second run starts afresh
     common = [f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false",
               "trainer.logger=[console]", f"trainer.default_local_dir={work / 'run'}", "trainer.resume_mode=disable"]
+    common += lora_overrides(lora_rank, args.target_modules)
     if args.profile_step:
         common.append(f"trainer.profile_steps=[{args.profile_step}]")
     if args.shape == "tiny":
@@ -200,11 +225,11 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
             f"trainer.n_gpus_per_node={int(args.device == 'cuda')}", "trainer.save_freq=-1",
         ] + args.set)
     t0 = time.perf_counter()
-    error, export_ok = None, False
+    error, export_ok, workers = None, False, []
     with Peaks(gpu=args.device == "cuda") as peaks:
         try:
             result = train(cfg)
-            hist = result.history
+            hist, workers = result.history, result.workers
             export_ok = bool(result.export_dir and Path(result.export_dir).is_dir())
         except Exception as e:  # keep what the steps measured (metrics.jsonl) and say what broke
             error = f"{type(e).__name__}: {e}"[:600]
@@ -214,7 +239,11 @@ def run_ours(args, model_dir: Path | None, work: Path) -> dict:
     total = time.perf_counter() - t0
     if args.profile_step and (work / "run" / "profile").is_dir():  # the run dir is temporary: keep the profiles
         shutil.copytree(work / "run" / "profile", args.profile_dir / args.shape, dirs_exist_ok=True)
-    out = {"total_s": total, "steps": len(hist), "peak_gpu_gib": peaks.gpu_mib / 1024,
+    syncs = [h for i, h in enumerate(hist, start=1) if i > 1 or len(hist) == 1]
+    out = {"total_s": total, "steps": len(hist), "peak_gpu_gib": peaks.gpu_mib / 1024, "lora_rank": lora_rank,
+           "trainable_parameters": workers[0].get("trainable_parameters", 0) if workers else 0,
+           "sync_bytes": syncs[-1].get("perf/weight_sync_bytes", 0.0) if syncs else 0.0,
+           "sync_worker_s": sum(h.get("time/weight_sync_worker", 0.0) for h in syncs) / max(1, len(syncs)),
            "peak_rss_gib": peaks.rss / 2**30, "peak_rss_one_process_gib": peaks.rss_one / 2**30,
            "export_ok": export_ok, "error": error,
            "checkpoint_s": max((h.get("time/checkpoint", 0.0) for h in hist), default=0.0)}
@@ -294,7 +323,7 @@ def _try_trl(args, model_dir: Path, work: Path) -> dict | None:
 # -- report ---------------------------------------------------------------------------------------
 
 
-def report(args, ours: dict, trl: dict | None) -> dict:
+def report(args, ours: dict, trl: dict | None, full: dict | None = None) -> dict:
     rows = [("first step (s)", ours["first_step"], trl["first_step"] if trl else None),
             ("warm step (s)", ours["warm_step"], trl["warm_step"] if trl else None)]
     rows += [(f"  warm {ph} (s)", ours[f"warm_{ph}"], None) for ph in PHASES[1:]]
@@ -309,8 +338,18 @@ def report(args, ours: dict, trl: dict | None) -> dict:
                  ("    rollout outside the engine's forwards (s)",
                   ours["warm_rollout"] - ours["warm_engine_prefill_s"] - ours["warm_engine_decode_s"], None)]
     out = {"shape": args.shape, "device": args.device, "device_name": args.device_name, "ours": ours, "trl": trl,
-           "argv": sys.argv[1:]}  # fmt: skip
-    if args.shape in SHAPES and ours["warm_update"] > 0:
+           "full": full, "argv": sys.argv[1:]}  # fmt: skip
+    if ours["lora_rank"]:
+        rows += [(f"LoRA rank {ours['lora_rank']}: adapter parameters", ours["trainable_parameters"], None),
+                 ("  weight sync: bytes to one engine (MB)", ours["sync_bytes"] / 1e6, None),
+                 ("  weight sync: seconds on the worker (warm mean)", ours["sync_worker_s"], None)]
+    if full is not None:
+        rows += [("full fine-tune warm step (s), same run", full["warm_step"], None),
+                 ("full fine-tune peak GPU memory (GiB)", full["peak_gpu_gib"], None)]
+        if full["warm_step"] > 0:
+            out["lora_over_full_warm_step"] = ours["warm_step"] / full["warm_step"]
+            rows.append(("LoRA warm step / full fine-tune's", out["lora_over_full_warm_step"], None))
+    if args.shape in SHAPES and ours["warm_update"] > 0 and not ours["lora_rank"]:  # 6ND: every weight trained
         _, peak, card = device_peaks(args.device_name)
         flops = 6 * n_params(SHAPES[args.shape]) * ours["tokens_per_step"]
         out["update_mfu"] = flops / ours["warm_update"] / peak
@@ -344,7 +383,7 @@ def report(args, ours: dict, trl: dict | None) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=["tiny", "0.5b", "7b"], default="0.5b")
+    p.add_argument("--shape", choices=["tiny", *SHAPES], default="0.5b")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--prompts", type=int, default=8)
@@ -359,6 +398,9 @@ def main() -> None:
     p.add_argument("--profile-dir", type=Path, default=Path("profile"), help="where the profiles are copied")
     p.add_argument("--model-dir", type=Path, default=None, help="where the random model is written (default: tmp); one written there earlier is reused")
     p.add_argument("--results", action="store_true", help=f"append the JSON line to {RESULTS}/<shape>_<card>_<date>")
+    p.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    p.add_argument("--target-modules", nargs="*", default=None, help="LoRA target modules (default all-linear)")
+    p.add_argument("--full-too", action="store_true", help="with --lora-rank: the full fine-tune first, same run")
     args = p.parse_args()
     args.device = args.device or ("cpu" if args.shape == "tiny" else "cuda")
     args.device_name = _device_name(args.device)
@@ -369,10 +411,11 @@ def main() -> None:
         model_dir = build_model_dir(args.shape, args.model_dir or work, args.device) if args.shape in SHAPES else None
         use_trl = not args.no_trl and args.shape in SHAPES
         trl = _try_trl(args, model_dir, work) if use_trl and args.trl_first else None
-        ours = run_ours(args, model_dir, work)
+        full = run_ours(args, model_dir, work) if args.full_too and args.lora_rank else None
+        ours = run_ours(args, model_dir, work, args.lora_rank)
         if use_trl and not args.trl_first:
             trl = _try_trl(args, model_dir, work)
-        result = report(args, ours, trl)
+        result = report(args, ours, trl, full)
     line = json.dumps(result)
     print(line)
     if args.json:

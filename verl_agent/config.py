@@ -148,6 +148,22 @@ class ModelConfig(Section):
     use_remove_padding: bool = Field(True, description="sequences are always packed (false is refused)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     external_lib: str | None = Field(None, description="module imported before the model is loaded (custom models)")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank of the actor's adapters (0: full fine-tuning); the base "
+                           "stays frozen (bf16 on GPU), the reference log-probs come from it with adapters disabled")
+    lora_alpha: float = Field(16, gt=0, description="LoRA scaling numerator: the update is lora_alpha / lora_rank "
+                              "x B A")
+    target_modules: str | list[str] = Field("all-linear", description="linear layers that get adapters: a list of "
+                                            "module names (suffixes, as PEFT matches them) or 'all-linear'")
+    exclude_modules: str | list[str] | None = Field(None, description="module names left without adapters")
+    lora_adapter_path: str | None = Field(None, description="a PEFT adapter folder to start from "
+                                          "(adapter_config.json + adapter_model.safetensors)")
+
+    @field_validator("target_modules", "exclude_modules")
+    @classmethod
+    def _module_names(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and (not value or not all(isinstance(v, str) and v for v in value)):
+            raise ValueError(f"must be 'all-linear' or a non-empty list of module names, got {value!r}")
+        return value
 
 
 class OptimConfig(Section):
@@ -305,10 +321,20 @@ class RolloutConfig(Section):
                                        "shape delays the first steps); sglang: --enable-torch-compile")
     free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
                                     "the actor trains; trainer.mode=sync only (the async modes keep generating)")
+    lora_mode: Literal["auto", "merge", "unmerged"] = Field(
+        "auto", description="hf engine, with LoRA: merge the synced adapters into its weights (a copy of each "
+        "targeted base weight is kept; the faster decode on CPU) or compute them unmerged in every forward (no "
+        "copy: the memory matters on a GPU). auto: merge on CPU, unmerged on GPU")
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     val_kwargs: ValKwargsConfig = Field(default_factory=ValKwargsConfig)
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
     agent: AgentFunctionConfig = Field(default_factory=AgentFunctionConfig)
+
+    def engine_lora_mode(self, device_type: str) -> str:
+        """lora_mode with auto resolved for an engine on `device_type` ("cpu", "cuda")."""
+        if self.lora_mode != "auto":
+            return self.lora_mode
+        return "merge" if device_type == "cpu" else "unmerged"
 
 
 class ActorRolloutRefConfig(Section):
@@ -459,6 +485,8 @@ class TrainerConfig(Section):
         0.2, ge=0, le=1, description="stop the run when more than this share of a step's trajectories failed "
         "for infrastructure reasons (engine, sandbox, tool crash, reward fn, interaction)")
     critic_warmup: int = 0
+    export_merged_model: bool = Field(False, description="with LoRA: besides the adapter folder <run dir>/hf_model, "
+                                      "write the base with the adapters merged in to <run dir>/hf_model_merged")
     profile_steps: list[Annotated[int, Field(ge=1)]] | None = Field(None, description="steps to profile with torch.profiler (rollout "
                                             "to weight sync): each train rank writes <run dir>/profile/"
                                             "step_N_rankR.txt (top ops) and .json.gz (Chrome trace)")
@@ -513,7 +541,8 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
         if when:
             out.append((key, value, hint))
 
-    for step in (_refuse_modes, _refuse_placement, _refuse_verl_spellings, _refuse_fsdp_and_logger, _refuse_judge):
+    for step in (_refuse_modes, _refuse_placement, _refuse_verl_spellings, _refuse_fsdp_and_logger, _refuse_judge,
+                 _refuse_lora):
         step(c, refuse)
     return out
 
@@ -621,6 +650,22 @@ def _refuse_judge(c: RunConfig, refuse: _Refuse) -> None:
     refuse(rm.enable and bool(own), "reward_model.enable", True,
            f"the judge gives the reward, and a reward function is set too ({own}): to mix the judge with your own "
            "scoring, call verl_agent.judge.Judge from your compute_score and leave reward_model.enable=false")
+
+
+def _refuse_lora(c: RunConfig, refuse: _Refuse) -> None:
+    """LoRA keys without lora_rank, and what does not run with adapters."""
+    m, t = c.actor_rollout_ref.model, c.trainer
+    defaults = ModelConfig()
+    if m.lora_rank == 0:
+        for key in ("lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path"):
+            refuse(getattr(m, key) != getattr(defaults, key), f"actor_rollout_ref.model.{key}", getattr(m, key),
+                   "only LoRA reads it: set actor_rollout_ref.model.lora_rank > 0")
+        refuse(t.export_merged_model, "trainer.export_merged_model", True,
+               "without LoRA the export is the full model already (set actor_rollout_ref.model.lora_rank > 0)")
+    refuse(m.lora_rank > 0 and c.actor_rollout_ref.rollout.name == "sglang", "actor_rollout_ref.model.lora_rank",
+           m.lora_rank, "SGLang 0.5.23 serves LoRA adapters on GPU only (its LoRA layers pin host memory, which "
+           "needs a CUDA driver), and the adapter sync into SGLang is not implemented: use "
+           "actor_rollout_ref.rollout.name=hf with LoRA")
 
 
 # ---------------------------------------------------------------- loading

@@ -64,6 +64,25 @@ def test_estimate_terms_follow_the_shape():
     assert plain.logits > 4096 * 49152 * 4  # the full logits exist
 
 
+def test_lora_estimate_trains_the_adapters_alone():
+    """LoRA at the 7B shape, rank 32 on every linear layer: a bf16 base with no gradients and no AdamW moments
+    (fp32 adapters carry both), and no reference copy, against the full fine-tune with its reference."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                         num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
+    base = ModelShape.of(config)
+    adapters = 28 * 32 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))  # q, o; k, v; gate, up, down
+    assert adapters == 80_740_352
+    full = estimate(base, 4096, param_bytes=4, act_bytes=2, grad_ckpt=True, extra_models=1)
+    shape = ModelShape.of(config, base.params + adapters)
+    lora = estimate(shape, 4096, param_bytes=2, grad_ckpt=True, trainable=adapters)
+    assert lora.weights == 2 * base.params + 4 * adapters
+    assert (lora.grads, lora.optimizer) == (4 * adapters, 8 * adapters)
+    assert full.weights == 2 * 4 * base.params and full.optimizer == 8 * base.params
+    assert lora.total - lora.activations - lora.logits < 17 * 2**30 < 84 * 2**30 < full.total - full.activations
+
+
 def _fits_exactly(plan, cfg, model) -> None:
     """The budget is the largest that fits: one more token would pass the room, unless the upper bound cut it."""
     assert plan.peak.total <= plan.room

@@ -37,12 +37,16 @@ from verl_agent.engine.arena import ParamArena
 from verl_agent.engine.continuous import ContinuousBatcher, KVCacheOverflowError
 from verl_agent.engine.contract import GenerateOutput, SamplingParams
 from verl_agent.engine.kv_pool import plan_budget
+from verl_agent.engine.lora import apply_adapters, split_adapter_tensors
 from verl_agent.engine.model_runner import GraphCapture
 from verl_agent.engine.settings import HFEngineSettings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineClosedError", "HFEngine", "HFEngineSettings", "KVCacheOverflowError"]
+__all__ = ["BORROWED_WEIGHTS", "EngineClosedError", "HFEngine", "HFEngineSettings", "KVCacheOverflowError"]
+
+# set to True on a model whose parameters point at another model's tensors (the engine must not move them)
+BORROWED_WEIGHTS = "verl_agent_borrowed_weights"
 
 
 class EngineClosedError(RuntimeError):
@@ -127,7 +131,10 @@ class HFEngine:
         self.device = torch.device(s.device)
         self._graph_capture = graph_capture
         graphs = graph_capture is not None or (s.cuda_graphs and self.device.type == "cuda")
-        self.model, self._params = _load(model, s.device, s.dtype, fixed=graphs)
+        # weights borrowed from another model (the trainer's LoRA base) stay where they are: copying them into an
+        # arena would double them, and such an engine never sleeps, so its graphs need no fixed addresses
+        borrowed = bool(getattr(model, BORROWED_WEIGHTS, False))
+        self.model, self._params = _load(model, s.device, s.dtype, fixed=graphs and not borrowed)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self._stops = frozenset(_eos_ids(self.model)) if s.stop_on_eos else frozenset()
         self._generator = torch.Generator(device=self.device)
@@ -216,6 +223,8 @@ class HFEngine:
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors into the model's parameters/buffers in place, by name; unknown names raise KeyError.
+        LoRA adapter tensors (``<layer>.lora_A.weight``, ``<layer>.lora_B.weight`` pre-scaled) are applied as
+        settings.lora_mode says (engine/lora.py).
 
         Idle sessions' K/V were computed by the old weights, so they are dropped."""
         async with self._get_lock():
@@ -295,6 +304,11 @@ class HFEngine:
             torch.cuda.set_stream(self._stream)
 
     def _load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        named, adapters = split_adapter_tensors(named)
+        if self._stream is not None and adapters:
+            torch.cuda.synchronize(self.device)
+        if adapters and apply_adapters(self.model, adapters, self.settings.lora_mode):
+            self._batcher.runner.graphs = {}  # captured without the adapters' matmuls: capture again
         state = self.model.state_dict()
         unknown = [n for n, _ in named if n not in state]
         if unknown:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["HFEngineSettings"]
 
 DTYPES = ("float32", "bfloat16", "float16")
+LORA_MODES = ("merge", "unmerged")  # engine/lora.py
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class HFEngineSettings:
     torch_compile: torch.compile the decode step's forward (then captured as CUDA graphs on CUDA): fewer,
         fused kernels a layer, for a compile per decode shape on first use; the compiled artifacts are kept
         under $VERL_AGENT_CACHE/compile and loaded by later runs (compile_cache.py).
+    lora_mode: how LoRA adapters sent by `update_weights` apply (engine/lora.py): "merge" into the weights
+        (a kept copy of each targeted base weight), or "unmerged" (extra thin matmuls in every forward).
     """
 
     device: str = "cpu"
@@ -49,6 +52,7 @@ class HFEngineSettings:
     kv_cache_bytes: int | None = None
     cuda_graphs: bool = True
     torch_compile: bool = False
+    lora_mode: str = "merge"
 
     def __post_init__(self) -> None:
         problems = []
@@ -62,5 +66,7 @@ class HFEngineSettings:
             problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if isinstance(self.dtype, str) and self.dtype not in DTYPES:
             problems.append(f"dtype must be one of {DTYPES} (or a torch.dtype), got {self.dtype!r}")
+        if self.lora_mode not in LORA_MODES:
+            problems.append(f"lora_mode must be one of {LORA_MODES}, got {self.lora_mode!r}")
         if problems:
             raise ValueError("HFEngineSettings: " + "; ".join(problems))

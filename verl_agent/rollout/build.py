@@ -124,8 +124,13 @@ def hf_engine_settings(rollout: RolloutConfig, device: str, seed: int = 0,
         device=device, dtype=rollout.dtype, seed=seed, max_num_seqs=rollout.max_num_seqs or rollout.max_batch_size,
         max_num_batched_tokens=rollout.max_num_batched_tokens, max_model_len=rollout.max_model_len,
         gpu_memory_utilization=rollout.gpu_memory_utilization, torch_compile=rollout.enable_torch_compile,
-        kv_cache_bytes=kv_cache_bytes,
+        kv_cache_bytes=kv_cache_bytes, lora_mode=rollout.engine_lora_mode(torch_device_type(device)),
     )  # fmt: skip
+
+
+def torch_device_type(device: str) -> str:
+    """"cuda:1" -> "cuda"."""
+    return device.split(":", 1)[0]
 
 
 def sglang_server_args(rollout: RolloutConfig) -> list[str]:

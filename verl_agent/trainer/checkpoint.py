@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CKPT_DIR", "LATEST", "MARKER", "tmp_dir", "finalize", "discard", "verify", "find_latest",
            "latest_checkpoint", "driver_state", "restore_driver_rng", "save_shards", "load_shards", "save_policy",
-           "load_policy", "export_hf", "resolve_checkpoint", "load_checkpoint_model"]
+           "load_policy", "export_hf", "export_lora", "resolve_checkpoint", "load_checkpoint_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -167,35 +167,56 @@ def restore_driver_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
 
 
+def _options(trainable_only: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # LoRA: the frozen base is the model's own files, so a checkpoint holds the adapters and their moments
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _trainable(model: torch.nn.Module, model_sd: dict, optim_sd: dict, trainable_only: bool) -> tuple[dict, dict]:
+    """With `trainable_only`, drop what ignore_frozen_params lets through: a frozen weight tied to another
+    (the tied lm_head of the base) is not the trainer's to save."""
+    if trainable_only:
+        names = {n for n, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in names}
+    return model_sd, optim_sd
+
+
 def save_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                codec: str = "none", threads: int | None = None) -> None:
+                codec: str = "none", threads: int | None = None, trainable_only: bool = False) -> None:
     """Collective: every rank writes its shard of model + optimizer state (`state_files`), ``threads`` files
-    at once through one staging buffer each, fsynced by the writers; `codec` as trainer.checkpoint_compression."""
+    at once through one staging buffer each, fsynced by the writers; `codec` as trainer.checkpoint_compression.
+    ``trainable_only``: the parameters that train (LoRA adapters), not the frozen ones."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from verl_agent.trainer.state_files import save_state
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _trainable(model, *get_state_dict(model, optimizer, options=_options(trainable_only)),
+                                    trainable_only)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     save_state(path / name, {"model": model_sd, "optim": optim_sd}, rank, world, threads, codec)
 
 
-def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                trainable_only: bool = False) -> None:
     """Collective: load this rank's shard in place (from a checkpoint of any world size; CRC32-checked)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     from verl_agent.trainer.state_files import load_state
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = _options(trainable_only)
+    model_sd, optim_sd = _trainable(model, *get_state_dict(model, optimizer, options=options), trainable_only)
     state = load_state(path / name, {"model": model_sd, "optim": optim_sd})
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=options)
 
 
 def save_policy(policy: Policy, path: Path, codec: str, rank: int) -> None:
     """Collective: every rank writes its actor (+ critic) shards and its LR-scheduler and RNG states."""
     from verl_agent.trainer.state_files import save_object
 
-    save_shards(path, "actor", policy.actor, policy.optim, codec)
+    save_shards(path, "actor", policy.actor, policy.optim, codec, trainable_only=policy.lora)
     extra = {"sched": policy.sched.state_dict(), "torch_rng": torch.get_rng_state()}
     if policy.critic is not None:
         save_shards(path, "critic", policy.critic, policy.critic_optim, codec)
@@ -207,7 +228,7 @@ def save_policy(policy: Policy, path: Path, codec: str, rank: int) -> None:
 def load_policy(policy: Policy, path: Path, rank: int) -> None:
     """Collective: load what `save_policy` wrote, from a checkpoint of any world size (a rank beyond the
     saved ones takes the last saved rank's scheduler and RNG states)."""
-    load_shards(path, "actor", policy.actor, policy.optim)
+    load_shards(path, "actor", policy.actor, policy.optim, trainable_only=policy.lora)
     saved_ranks = len(list(path.glob("extra_rank*.pt")))
     extra = torch.load(path / f"extra_rank{min(rank, saved_ranks - 1)}.pt", weights_only=False)
     policy.sched.load_state_dict(extra["sched"])
@@ -228,27 +249,37 @@ def export_hf(model: nn.Module, model_path: str, tokenizer_path: str, out_dir: s
     and the config says so. Everything lands in ``out_dir.tmp`` first and is renamed into place, so a
     reader never sees a half-written export. Tied weights are written once, as transformers does.
     """
-    from safetensors.torch import save_file
-
     from verl_agent.trainer.fsdp import iter_full_param_buckets
 
-    out = Path(out_dir)
+    buffers = dict(model.named_buffers())
+    names = [n for n, _ in model.named_parameters()] + _persistent_buffers(model)
+    sizes = {n: (t.numel(), dtype or t.dtype) for n, t in list(model.named_parameters()) + list(buffers.items())}
+    gathered = ((n, t) for bucket in iter_full_param_buckets(model, min(shard_bytes, 512 << 20), dtype)
+                for n, t in bucket)
+    tensors = _chain(gathered, ((n, buffers[n]) for n in names if n in buffers))
+    return _write_hf(tensors, names, sizes, set(buffers), (model_path, tokenizer_path), Path(out_dir), rank,
+                     dtype or next(model.parameters()).dtype, shard_bytes)
+
+
+def _write_hf(tensors, names: list[str], sizes: dict[str, tuple[int, torch.dtype]], buffers: set[str],
+              sources: tuple[str, str], out: Path, rank: int, dtype: torch.dtype, shard_bytes: int) -> str | None:
+    """`export_hf`'s writer: every rank consumes `tensors` (name, full tensor) in `names` order (the gathers
+    are collective); rank 0 writes safetensors files of at most `shard_bytes`, the index, config and tokenizer
+    (`sources`: model path, tokenizer path) into ``out.tmp`` and renames it into place."""
+    from safetensors.torch import save_file
+
     tmp = out.with_name(out.name + ".tmp")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    names = [n for n, _ in model.named_parameters()] + _persistent_buffers(model)
-    plan = _plan_files(model, names, dtype, shard_bytes)
+    plan = _plan_files(names, sizes, shard_bytes)
     pending: dict[str, torch.Tensor] = {}
     file_of = {n: f for f, group in plan.items() for n in group}
     left = {f: set(group) for f, group in plan.items()}
-    buffers = dict(model.named_buffers())
-    gathered = ((n, t) for bucket in iter_full_param_buckets(model, min(shard_bytes, 512 << 20), dtype)
-                for n, t in bucket)
-    for name, tensor in _chain(gathered, ((n, buffers[n]) for n in names if n in buffers)):
+    for name, tensor in tensors:
         if rank != 0:
             continue
-        pending[name] = tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
+        pending[name] = tensor.detach().to("cpu", sizes[name][1]).contiguous()
         f = file_of[name]
         left[f].discard(name)
         if not left[f]:  # this file is complete: write it and drop its tensors
@@ -256,14 +287,56 @@ def export_hf(model: nn.Module, model_path: str, tokenizer_path: str, out_dir: s
     if rank != 0:
         return None
     if len(plan) > 1:
-        total = sum(model.get_parameter(n).numel() * (dtype or model.get_parameter(n).dtype).itemsize
-                    for n in names if n not in buffers)
+        total = sum(sizes[n][0] * sizes[n][1].itemsize for n in names if n not in buffers)
         index = {"metadata": {"total_size": total}, "weight_map": {n: f for n, f in sorted(file_of.items())}}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    _write_configs(model_path, tokenizer_path, tmp, dtype or next(model.parameters()).dtype)
+    _write_configs(sources[0], sources[1], tmp, dtype)
     shutil.rmtree(out, ignore_errors=True)
     os.rename(tmp, out)
     return str(out)
+
+
+def export_lora(model: nn.Module, model_path: str, tokenizer_path: str, out_dir: str | Path, rank: int,
+                merged_dir: str | Path | None = None, shard_bytes: int = 2 << 30) -> str | None:
+    """Collective, LoRA: a PEFT adapter folder at `out_dir` (adapter_config.json + adapter_model.safetensors +
+    the tokenizer) that `peft.PeftModel.from_pretrained` loads; with `merged_dir` also the base with the
+    adapters merged in, as a plain Hugging Face model (streamed like `export_hf`). Rank 0 writes."""
+    from transformers import AutoTokenizer
+
+    from verl_agent.trainer import lora
+    from verl_agent.trainer.fsdp import iter_full_param_buckets
+
+    adapters = {n: t.detach().cpu().clone() for bucket in
+                iter_full_param_buckets(model, params=lora.adapter_parameters(model)) for n, t in bucket}
+    if merged_dir is not None:
+        _export_merged(model, adapters, (model_path, tokenizer_path), Path(merged_dir), rank, shard_bytes)
+    if rank != 0:
+        return None
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    lora.export_adapter(model, adapters, model_path, tmp)
+    AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.rename(tmp, out)
+    return str(out)
+
+
+def _export_merged(model: nn.Module, adapters: dict[str, torch.Tensor], sources: tuple[str, str], out: Path,
+                   rank: int, shard_bytes: int) -> None:
+    from verl_agent.trainer import lora
+    from verl_agent.trainer.fsdp import iter_full_param_buckets
+
+    frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+    buffers = {lora.base_name(n): b for n, b in model.named_buffers()}
+    names = [lora.base_name(n) for n, _ in frozen] + [lora.base_name(n) for n in _persistent_buffers(model)]
+    sizes = {lora.base_name(n): (p.numel(), p.dtype) for n, p in frozen}
+    sizes.update({n: (b.numel(), b.dtype) for n, b in buffers.items()})
+    gathered = ((n, t) for bucket in iter_full_param_buckets(model, min(shard_bytes, 512 << 20), params=frozen)
+                for n, t in bucket)
+    merged = lora.merged_tensors(gathered, adapters, lora.lora_scaling(model))
+    tensors = _chain(merged, ((n, buffers[n]) for n in names if n in buffers))
+    _write_hf(tensors, names, sizes, set(buffers), sources, out, rank, frozen[0][1].dtype, shard_bytes)
 
 
 def _chain(*iterables):
@@ -276,12 +349,12 @@ def _persistent_buffers(model: nn.Module) -> list[str]:
     return [n for n, _ in model.named_buffers() if n in keys]
 
 
-def _plan_files(model: nn.Module, names: list[str], dtype: torch.dtype | None, shard_bytes: int) -> dict[str, list[str]]:
+def _plan_files(names: list[str], numels: dict[str, tuple[int, torch.dtype]], shard_bytes: int
+                ) -> dict[str, list[str]]:  # fmt: skip
     """File name -> tensor names, in order, each file at most shard_bytes (a bigger tensor gets its own)."""
     groups: list[list[str]] = [[]]
     size = 0
-    sizes = {n: t.numel() * (dtype or t.dtype).itemsize
-             for n, t in list(model.named_parameters()) + list(model.named_buffers())}
+    sizes = {n: numel * dtype.itemsize for n, (numel, dtype) in numels.items()}
     for n in names:
         if groups[-1] and size + sizes[n] > shard_bytes:
             groups.append([])

@@ -107,6 +107,7 @@ class WorkerGroup:
     routes: list[str] = field(default_factory=list)  # per RolloutWorker: how the weights reach it (weight_routes)
     rollout_pg: Any = None
     rollout_info: list[dict] = field(default_factory=list)
+    sync_bytes: int = 0  # bytes one engine received in the last weight sync
 
     @property
     def world_size(self) -> int:
@@ -151,6 +152,8 @@ class WorkerGroup:
             group.info, group.rollout_info = infos[:world], infos[world:]
             group.routes = weight_routes(t.weight_transport, group.info[0], group.rollout_info)
             group._join_weight_group()
+            if cfg.actor_rollout_ref.model.lora_adapter_path:  # the engines start from the base: give them the adapter
+                group.sync_weights(version=0)
         except BaseException:  # never leak the workers' CPUs/GPUs to the next run in this cluster
             group.shutdown(graceful=False)
             raise
@@ -208,15 +211,19 @@ class WorkerGroup:
         return self._get([w.update.remote(n_minibatches, step, update_actor) for w in self.workers], "update")
 
     def sync_weights(self, version: int) -> float:
-        """Push the actor's weights into every engine as policy `version`; the slowest rank's seconds."""
+        """Push the actor's weights into every engine as policy `version`; the slowest rank's seconds
+        (`sync_bytes`: what one engine received)."""
         if not self.rollouts:
-            return max(self._get([w.sync_weights.remote(version) for w in self.workers], "sync_weights"))
-        self._get([r.pause.remote(pause_drains(self.cfg)) for r in self.rollouts], "pause")
-        try:
-            return max(self._get([w.push_weights.remote(version, self.rollouts, self.routes)
-                                  for w in self.workers], "push_weights"))  # fmt: skip
-        finally:
-            self._get([r.resume.remote(version) for r in self.rollouts], "resume")
+            done = self._get([w.sync_weights.remote(version) for w in self.workers], "sync_weights")
+        else:
+            self._get([r.pause.remote(pause_drains(self.cfg)) for r in self.rollouts], "pause")
+            try:
+                done = self._get([w.push_weights.remote(version, self.rollouts, self.routes)
+                                  for w in self.workers], "push_weights")  # fmt: skip
+            finally:
+                self._get([r.resume.remote(version) for r in self.rollouts], "resume")
+        self.sync_bytes = done[0][1]
+        return max(seconds for seconds, _ in done)
 
     def start_profile(self) -> None:
         self._get([w.start_profile.remote() for w in self.workers], "start_profile")

@@ -57,7 +57,8 @@ def shard(model: nn.Module, mesh, device_type: str, reshard_after_forward: bool 
         if device_type != "cuda":
             raise ValueError("fsdp_config.param_offload needs GPU workers (FSDP2 CPU offload fails on CPU)")
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    if device_type == "cuda" and next(model.parameters()).dtype == torch.float32:
+    # LoRA: a frozen bf16 base beside fp32 adapters (FSDP2 wants one dtype among the trained parameters only)
+    if device_type == "cuda" and any(p.dtype == torch.float32 for p in model.parameters()):
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
@@ -66,7 +67,7 @@ def shard(model: nn.Module, mesh, device_type: str, reshard_after_forward: bool 
 
 
 def iter_full_param_buckets(model: nn.Module, bucket_bytes: int = 64 << 20, dtype: torch.dtype | None = None,
-                            ) -> Iterator[list[tuple[str, Tensor]]]:
+                            params: list[tuple[str, Tensor]] | None = None) -> Iterator[list[tuple[str, Tensor]]]:
     """Full (unsharded) parameters on the model's device, bucket by bucket, optionally cast to ``dtype``.
 
     Collective: every rank must iterate to the end. Each bucket is ONE all-gather of a flat buffer
@@ -74,9 +75,10 @@ def iter_full_param_buckets(model: nn.Module, bucket_bytes: int = 64 << 20, dtyp
     moves half the bytes of fp32 master weights); nothing goes through host memory. With one rank
     the local tensors are the full ones and come back as they are, in a single bucket (no copy;
     a cast to ``dtype`` goes bucket by bucket). The tensors of a bucket are valid until the next bucket is
-    requested: consume (copy) them before advancing.
+    requested: consume (copy) them before advancing. ``params``: these (name, parameter) of the model only
+    (LoRA: the adapters), in this order, instead of all of them.
     """
-    params = [(n, p.detach()) for n, p in model.named_parameters()]
+    params = [(n, p.detach()) for n, p in (model.named_parameters() if params is None else params)]
     sharded = any(hasattr(p, "full_tensor") for _, p in params)
     mesh = _shard0_mesh([p for _, p in params]) if sharded else None
     if not sharded or (mesh is not None and mesh.size() == 1):

@@ -182,6 +182,7 @@ class TrainingRun:
                 metrics.update(_mean_over_ranks(per_rank, prefix="actor/"))
         with timer("weight_sync", metrics):  # also after a skipped update: it wakes the engine and bumps the version
             metrics["time/weight_sync_worker"] = group.sync_weights(version=step)
+            metrics["perf/weight_sync_bytes"] = float(group.sync_bytes)
 
     def _checkpoint(self, step: int, metrics: dict[str, Any]) -> None:
         driver = {"val_before": self.result.val_before, "kl_ctrl": self.kl_ctrl.state_dict(),

@@ -32,6 +32,7 @@ from verl_agent.config import ConfigError
 from verl_agent.engine.kv_pool import (
     device_available_bytes, device_memory_bytes, kv_bytes_per_token, share_budget,
 )
+from verl_agent.trainer.lora import engine_shares_base
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class MemoryEstimate:
 def estimate(shape: ModelShape, tokens: int, *, param_bytes: int = 4, act_bytes: int | None = None,
              grad_ckpt: bool = False, world: int = 1, response_rows: int | None = None, chunk_rows: int = 2048,
              fused_head: bool = True, extra_models: int = 0, trained_extra: int = 0, runtime: int = 0,
-             engine_bytes: int = 0, kv_bytes: int = 0) -> MemoryEstimate:  # fmt: skip
+             engine_bytes: int = 0, kv_bytes: int = 0, trainable: int | None = None) -> MemoryEstimate:  # fmt: skip
     """Peak bytes of one rank updating on a micro-batch of ``tokens`` padded tokens.
 
     param_bytes / act_bytes: bytes per parameter (master weights, grads, optimizer state) and per activation
@@ -140,6 +141,9 @@ def estimate(shape: ModelShape, tokens: int, *, param_bytes: int = 4, act_bytes:
     extra_models: further copies of the model held by this rank (the ref model, sharded like the actor);
     trained_extra: of those, how many are trained too (the critic: grads and optimizer state).
     runtime, engine_bytes, kv_bytes: passed through (measured or planned elsewhere).
+    trainable: LoRA: of the actor's ``shape.params``, how many train (fp32 adapters with their gradients and
+    AdamW moments); the rest is frozen at param_bytes with no gradient and no optimizer state, and no
+    reference copy exists (the actor with adapters disabled is the reference). None: every parameter trains.
     """
     act_bytes = param_bytes if act_bytes is None else act_bytes
     shard = -(-shape.params // world)
@@ -150,11 +154,19 @@ def estimate(shape: ModelShape, tokens: int, *, param_bytes: int = 4, act_bytes:
         logits = 6 * min(rows, chunk_rows) * shape.vocab * 4 + shape.vocab * shape.hidden * 4  # [chunk, vocab] fp32
     else:  # the model's own logits for every token, then fp32 log-softmax of the response rows
         logits = tokens * shape.vocab * act_bytes + 3 * rows * shape.vocab * 4
+    weights = (1 + extra_models) * shard * param_bytes + gathered * param_bytes
+    grads = (1 + trained_extra) * shard * param_bytes + gathered * param_bytes
+    optimizer = (1 + trained_extra) * 2 * shard * param_bytes
+    if trainable is not None:  # the actor's own grads and moments: its fp32 adapters' only
+        adapters = -(-trainable // world)
+        weights += adapters * (4 - param_bytes)
+        grads = trained_extra * shard * param_bytes + adapters * 4
+        optimizer = trained_extra * 2 * shard * param_bytes + 2 * adapters * 4
     return MemoryEstimate(
         runtime=int(runtime),
-        weights=int((1 + extra_models) * shard * param_bytes + gathered * param_bytes),
-        grads=int((1 + trained_extra) * shard * param_bytes + gathered * param_bytes),
-        optimizer=int((1 + trained_extra) * 2 * shard * param_bytes),
+        weights=int(weights),
+        grads=int(grads),
+        optimizer=int(optimizer),
         activations=int(tokens * activation_bytes_per_token(shape, act_bytes, grad_ckpt)),
         logits=int(logits),
         engine=int(engine_bytes),
@@ -258,7 +270,9 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
     held = sum(p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for m in loaded for p in m.parameters())
     free = device_available_bytes(device) - MARGIN[device.type] * device_memory_bytes(device)
     critic = cfg.algorithm.adv_estimator == "gae"
+    lora = arr.model.lora_rank > 0
     kw = dict(param_bytes=param_bytes, act_bytes=2 if cuda and param_bytes == 4 else param_bytes,
+              trainable=sum(p.numel() for p in actor.parameters() if p.requires_grad) if lora else None,
               grad_ckpt=arr.model.enable_gradient_checkpointing, world=world, fused_head=_fusable_head(actor),
               extra_models=(len(loaded) - 1) + int(critic), trained_extra=int(critic),
               runtime=max(0, now - held) + (0 if cuda or t.placement != "colocated" else ROLLOUT_RUNTIME))
@@ -267,7 +281,10 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
     if t.placement == "colocated" and r.name == "hf":  # sglang servers and split rollout workers size their own
         slots = r.max_num_seqs or engine_slots(cfg, world)
         dtype = getattr(torch, r.dtype or arr.model.dtype)
-        engine = shape.params * torch.empty((), dtype=dtype).element_size()
+        size = torch.empty((), dtype=dtype).element_size()
+        engine = (shape.params + _engine_lora_extra(actor, r.engine_lora_mode(device.type))) * size
+        if lora and engine_shares_base(cfg, device.type, world):  # it reads the actor's base: its adapters only
+            engine = sum(p.numel() for p in actor.parameters() if p.requires_grad) * size
         working = engine_working_bytes(shape, slots, r.max_num_batched_tokens, dtype)
         bpt = kv_bytes_per_token(config, dtype)
         kv_full, kv_min = slots * (longest + 1) * bpt, (longest + 1) * bpt
@@ -275,6 +292,15 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
     sleeps = t.mode == "sync" and r.free_cache_engine
     return _Inputs(shape, kw, now + int(free / local), longest, longest_trained(cfg, config), engine, working,
                    kv_full, kv_min, kv_share, sleeps, drops_weights=sleeps and cuda)
+
+
+def _engine_lora_extra(actor: nn.Module, mode: str) -> int:
+    """Elements the engine holds beyond the model with LoRA: merged, a copy of every targeted base weight
+    (engine/lora.py; the adapters themselves are counted in the model's parameters either way)."""
+    if mode != "merge":
+        return 0
+    return sum(m.base_layer.weight.numel() for m in actor.modules()
+               if hasattr(m, "lora_A") and hasattr(m, "base_layer"))
 
 
 def engine_working_bytes(shape: ModelShape, slots: int, prefill_tokens: int, dtype: torch.dtype) -> int:

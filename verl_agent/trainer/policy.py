@@ -8,6 +8,7 @@ GRPO groups are whole on one rank, so group advantages are local. Every method i
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,11 +73,13 @@ class Policy:
         self.cfg, self.rank, self.device, self.mesh, self.model_path = cfg, rank, device, mesh, model_path
         arr = cfg.actor_rollout_ref
         a, fc = arr.actor, arr.actor.fsdp_config
-        self.actor = shard(self._load(arr.model.enable_gradient_checkpointing, fc.param_offload), mesh,
+        self.lora = arr.model.lora_rank > 0
+        self.actor = shard(self._load(arr.model.enable_gradient_checkpointing, fc.param_offload, self.lora), mesh,
                            device.type, fc.reshard_after_forward, fc.param_offload)
         self.optim, self.sched = self._optimizer(self.actor, a.optim)
-        self.ref: torch.nn.Module | None = None
-        if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        self.ref: torch.nn.Module | None = None  # with LoRA the reference is the actor, adapters switched off
+        self.needs_ref = a.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        if self.needs_ref and not self.lora:
             rc = arr.ref.fsdp_config
             self.ref = shard(self._load(False, rc.param_offload).eval().requires_grad_(False), mesh, device.type,
                              rc.reshard_after_forward, rc.param_offload)
@@ -92,14 +95,21 @@ class Policy:
             self._build_critic()
         self._rollout_is_in_update: tuple[str, float] | None = None  # (level, cap) when the update weighs them
 
-    def _load(self, grad_ckpt: bool, offload: bool) -> torch.nn.Module:
+    def _load(self, grad_ckpt: bool, offload: bool, lora: bool = False) -> torch.nn.Module:
         model_cfg = self.cfg.actor_rollout_ref.model
-        model = load_causal_lm(self.model_path, model_cfg.dtype, grad_ckpt, model_cfg.trust_remote_code)
+        # LoRA: the frozen base computes in bf16 on GPU and is stored so (no fp32 master copy to keep)
+        dtype = "bfloat16" if lora and self.device.type == "cuda" else model_cfg.dtype
+        model = load_causal_lm(self.model_path, dtype, grad_ckpt, model_cfg.trust_remote_code)
+        if lora:
+            from verl_agent.trainer.lora import wrap_lora
+
+            model = wrap_lora(model, model_cfg)
         return model if offload else model.to(self.device)  # offloaded shards stay on the host
 
     def _optimizer(self, model: torch.nn.Module, optim_cfg: Any) -> tuple[torch.optim.Optimizer, Any]:
         # fused AdamW on GPU: no temporary the size of the weights (the foreach default needs one)
-        opt = torch.optim.AdamW(model.parameters(), lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay,
+        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters alone
+        opt = torch.optim.AdamW(trainable, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay,
                                 betas=tuple(optim_cfg.betas), fused=self.device.type == "cuda" and not
                                 self.cfg.actor_rollout_ref.actor.fsdp_config.param_offload)
         return opt, make_scheduler(opt, optim_cfg, self.cfg.trainer.total_training_steps or 1)
@@ -126,6 +136,11 @@ class Policy:
         return int(sum(p.numel() for p in self.actor.parameters()))
 
     @property
+    def num_trainable_parameters(self) -> int:
+        """Parameters the optimizer updates (with LoRA: the adapters')."""
+        return int(sum(p.numel() for p in self.actor.parameters() if p.requires_grad))
+
+    @property
     def agent_temperature(self) -> float:
         """The temperature the engine sampled with (0 = greedy: log-probs of the raw logits)."""
         r = self.cfg.actor_rollout_ref.rollout
@@ -150,15 +165,22 @@ class Policy:
         elif arr.actor.old_log_prob_source == "rollout":
             for s in seqs:
                 s.old_log_probs = s.rollout_log_probs
-        if self.ref is not None:
-            for micro in micro_batches(seqs, self.mb_ref):
-                for s, lp in zip(micro, forward_log_probs(self.ref, micro, temp, self.device)[0]):
-                    s.ref_log_probs = lp.float().cpu()
+        if self.needs_ref:
+            self._ref_log_probs(seqs, temp)
         if self.critic is not None:
             for micro in micro_batches(seqs, self.mb_critic):
                 for s, v in zip(micro, forward_values(self.critic, micro, self.device)):
                     s.old_values = v.float().cpu()
         return log_prob_metrics(seqs, reduce_op)
+
+    def _ref_log_probs(self, seqs: list[TrainSeq], temp: float) -> None:
+        from verl_agent.trainer.lora import reference_of
+
+        self.actor.eval()
+        with reference_of(self.actor) if self.ref is None else contextlib.nullcontext(self.ref) as ref:
+            for micro in micro_batches(seqs, self.mb_ref):
+                for s, lp in zip(micro, forward_log_probs(ref, micro, temp, self.device)[0]):
+                    s.ref_log_probs = lp.float().cpu()
 
     def compute_advantages(self, seqs: list[TrainSeq], kl_coef: float) -> tuple[list[TrainSeq], AdvantageResult]:
         """algorithm.adv_estimator on `seqs` (+ DAPO group filtering): the sequences that enter the update
@@ -197,8 +219,15 @@ class Policy:
         return metrics
 
     def engine_weights(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The actor's full parameters, bucket by bucket, in the engine replica's dtype (collective)."""
+        """The actor's full parameters, bucket by bucket, in the engine replica's dtype (collective); with LoRA
+        the adapter tensors alone (trainer/lora.py)."""
         arr = self.cfg.actor_rollout_ref
         dtype = getattr(torch, arr.rollout.dtype or arr.model.dtype)  # cast on the device
         bucket_bytes = (512 if self.device.type == "cuda" else 64) << 20
-        return iter_full_param_buckets(self.actor, bucket_bytes, dtype=dtype)
+        if not self.lora:
+            return iter_full_param_buckets(self.actor, bucket_bytes, dtype=dtype)
+        from verl_agent.trainer.lora import adapter_parameters, engine_adapter_tensors, lora_scaling
+
+        # fp32 gathers, scaled, then cast: B x scaling rounds once, as the actor's forward does
+        gathered = iter_full_param_buckets(self.actor, bucket_bytes, params=adapter_parameters(self.actor))
+        return ([(n, t.to(dtype)) for n, t in b] for b in engine_adapter_tensors(gathered, lora_scaling(self.actor)))

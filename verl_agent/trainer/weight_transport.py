@@ -41,6 +41,7 @@ class WeightSender:
         self.rank, self.device = rank, device
         self.staging = HandleStaging()  # split placement, rank 0: CPU buckets shared with rollout workers
         self.weight_group: WeightGroup | None = None  # split, rank 0: when a rollout worker is routed there
+        self.sent_bytes = 0  # bytes of the tensors one engine received in the last transfer
 
     def to_local_engine(self, host: RolloutHost, buckets: Iterable[Bucket], drain: bool, version: int,
                         previous: int) -> int:  # fmt: skip
@@ -50,7 +51,7 @@ class WeightSender:
         host.pause(drain=drain)
         held = previous
         try:
-            for bucket in buckets:
+            for bucket in self._counted(buckets):
                 host.load(bucket)
             held = version
         finally:
@@ -68,9 +69,15 @@ class WeightSender:
 
         Collective (every rank gathers); rank 0 sends each bucket and waits until every rollout worker has
         loaded it before gathering the next."""
-        for bucket in buckets:
+        for bucket in self._counted(buckets):
             if self.rank == 0:
                 ray.get(self._send(bucket, rollout_workers, routes))
+
+    def _counted(self, buckets: Iterable[Bucket]) -> Iterable[Bucket]:
+        self.sent_bytes = 0
+        for bucket in buckets:
+            self.sent_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            yield bucket
 
     def _send(self, bucket: Bucket, rollout_workers: list, routes: list[str]) -> list[Any]:
         """Start loading `bucket` on every rollout worker; the refs of the loading calls."""

@@ -91,8 +91,12 @@ class TrainWorker:
         self.model_path = resolve_model_path(arr.model.path)
         self.policy = Policy(cfg, self.rank, self.device, mesh, self.model_path)
         if cfg.trainer.placement == "colocated":
+            from verl_agent.trainer import lora
+
+            shared = lora.base_tensors(self.policy.actor) \
+                if lora.engine_shares_base(cfg, self.device.type, self.world_size) else None
             self.rollout = RolloutHost(cfg, self.rank, self.model_path, self.device, shards=self.world_size,
-                                       kv_cache_bytes=self.policy.memory.kv_cache_bytes)
+                                       kv_cache_bytes=self.policy.memory.kv_cache_bytes, shared_base=shared)
         tokenizer = self.rollout.tokenizer if self.rollout is not None else load_tokenizer(arr.model)
         self.batch = StepBatch(cfg, tokenizer)
         self.weights = WeightSender(self.rank, self.device)
@@ -100,6 +104,7 @@ class TrainWorker:
         return {"rank": self.rank, "device": str(self.device), "node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(), "memory": memory_key(self.device),
                 "num_parameters": self.policy.num_parameters, "pid": os.getpid(),
+                "trainable_parameters": self.policy.num_trainable_parameters,
                 "memory_plan": self.policy.memory_plan_info()}
 
     # -- rollout -------------------------------------------------------------------------------
@@ -162,25 +167,26 @@ class TrainWorker:
 
     # -- weights (collective) -------------------------------------------------------------------
 
-    def sync_weights(self, version: int) -> float:
-        """Colocated: gather the full parameters bucket by bucket into this rank's engine as policy
-        `version` (rollouts in flight pause first, see `WeightSender.to_local_engine`); seconds."""
+    def sync_weights(self, version: int) -> tuple[float, int]:
+        """Colocated: gather the full parameters (LoRA: the adapters) bucket by bucket into this rank's engine
+        as policy `version` (rollouts in flight pause first, see `WeightSender.to_local_engine`); (seconds,
+        bytes the engine received)."""
         t0 = time.perf_counter()
         self.version = self.weights.to_local_engine(self._host(), self.policy.engine_weights(),
                                                     pause_drains(self.cfg), version, self.version)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, self.weights.sent_bytes
 
     def join_weight_group(self, addr: str, port: int, size: int) -> None:
         """Rank 0, split placement: host the `WeightGroup` that rollout workers on other GPUs or hosts join."""
         self.weights.join_group(addr, port, size)
 
-    def push_weights(self, version: int, rollout_workers: list, routes: list[str]) -> float:
-        """Split placement: stream the full parameters to every (already paused) RolloutWorker by its route
-        (`controller.weight_routes`); seconds."""
+    def push_weights(self, version: int, rollout_workers: list, routes: list[str]) -> tuple[float, int]:
+        """Split placement: stream the full parameters (LoRA: the adapters) to every (already paused)
+        RolloutWorker by its route (`controller.weight_routes`); (seconds, bytes each engine received)."""
         t0 = time.perf_counter()
         self.weights.to_rollout_workers(self.policy.engine_weights(), rollout_workers, routes)
         self.version = version
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, self.weights.sent_bytes
 
     # -- profiling (trainer.profile_steps), checkpoints, export ---------------------------------
 
@@ -202,8 +208,12 @@ class TrainWorker:
             self.sync_weights(self.version)
 
     def export_hf(self, path: str) -> str | None:
-        """Full policy in Hugging Face format (+ tokenizer), streamed; rank 0 writes and returns the path."""
+        """Full policy in Hugging Face format (+ tokenizer), streamed; rank 0 writes and returns the path. With
+        LoRA a PEFT adapter folder, and with trainer.export_merged_model the merged model at `path`_merged."""
         tok_path = self.cfg.actor_rollout_ref.model.tokenizer_path or self.model_path
+        if self.policy.lora:
+            merged = path + "_merged" if self.cfg.trainer.export_merged_model else None
+            return ckpt.export_lora(self.policy.actor, self.model_path, str(tok_path), path, self.rank, merged)
         return ckpt.export_hf(self.policy.actor, self.model_path, str(tok_path), path, self.rank)
 
     def run(self, fn: Callable[..., R], *args: Any) -> R:
