@@ -308,7 +308,7 @@ class HFEngine:
         if self._stream is not None and adapters:
             torch.cuda.synchronize(self.device)
         if adapters and apply_adapters(self.model, adapters, self.settings.lora_mode):
-            self._batcher.runner.graphs = {}  # captured without the adapters' matmuls: capture again
+            self._batcher.runner.drop_graphs()  # captured without the adapters' matmuls: capture again
         state = self.model.state_dict()
         unknown = [n for n, _ in named if n not in state]
         if unknown:

@@ -67,9 +67,11 @@ class ModelRunner:
         self.model, self.budget, self.pad_id, self.cache_kw = model, budget, pad_id, cache_kw
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        if capture is None and cuda_graphs and self.device.type == "cuda":
-            capture = cuda_graph_capture(torch.cuda.graph_pool_handle())
-        self.capture = capture
+        # a private graph pool whose graphs are all gone cannot be captured into again: dropping the graphs
+        # starts a new pool (drop_graphs)
+        self._new_capture = (lambda: cuda_graph_capture(torch.cuda.graph_pool_handle())) if (
+            capture is None and cuda_graphs and self.device.type == "cuda") else None
+        self.capture = self._new_capture() if self._new_capture else capture
         self.cuda_graphs = capture is not None  # decode steps are recorded and replayed
         self.fixed_weights = False  # the engine keeps the weights at fixed addresses across sleep (arena.py)
         # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
@@ -111,9 +113,16 @@ class ModelRunner:
             assert self.pool is not None
             self.pool.release()
         else:
-            self.pool, self.graphs = None, {}
+            self.pool = None
+            self.drop_graphs()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def drop_graphs(self) -> None:
+        """Forget the recorded decode graphs (each is recorded again on its next use), in a new memory pool."""
+        self.graphs = {}
+        if self._new_capture is not None and self.cuda_graphs:
+            self.capture = self._new_capture()
 
     # -- buckets ---------------------------------------------------------------------------------------
     def rows_bucket(self, n: int) -> int:
