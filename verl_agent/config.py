@@ -152,6 +152,36 @@ class RefConfig(Section):
 
 
 # ---------------------------------------------------------------- rollout
+CONTEXT_STRATEGIES = ("none", "drop_observations", "truncate_middle", "summarize")
+DEFAULT_SUMMARY_PROMPT = ("Your context is nearly full. Summarize everything you will still need to finish the "
+                          "task: what you found, what you did, and what is left to do. Reply with the summary only.")
+
+
+class ContextConfig(Section):
+    """actor_rollout_ref.rollout.multi_turn.context: what the native agent loop does when the history outgrows
+    the context (rollout/context.py; docs/training.md#long-horizons-context-management)."""
+
+    strategy: str = Field("none", description="none | drop_observations | truncate_middle | summarize | a user "
+                          "function 'pkg.mod:fn' or 'file.py:fn' (OpenAI messages in, messages out)")
+    trigger_length: int | None = Field(None, ge=1, description="rewrite the context once it passes this many tokens; "
+                                       "None: when the next turn might not fit multi_turn.max_context_length")
+    keep_last_turns: int = Field(2, ge=0, description="drop_observations: the observations of this many latest "
+                                 "assistant turns stay; older ones become a placeholder")
+    keep_last_tokens: int = Field(256, ge=1, description="truncate_middle: tokens of latest messages kept after "
+                                  "the system message and the task")
+    summary_prompt: str = Field(DEFAULT_SUMMARY_PROMPT, min_length=1,
+                                description="summarize: the user message that asks the policy for its summary")
+    summary_max_tokens: int = Field(128, ge=1, description="summarize: tokens the summary turn may generate")
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        if value not in CONTEXT_STRATEGIES and ":" not in value and "." not in value:
+            raise ValueError(f"unknown context strategy {value!r}; choose one of {list(CONTEXT_STRATEGIES)} or "
+                             "name a function as 'pkg.mod:fn' or 'path/file.py:fn'")
+        return value
+
+
 class MultiTurnConfig(Section):
     enable: bool = True
     max_assistant_turns: int | None = Field(4, ge=1, description="None: until the response budget")
@@ -172,6 +202,26 @@ class MultiTurnConfig(Section):
             raise ValueError(f"unknown tool-call format; choose one of {list(FORMATS)} or null (detect)")
         return value
     tool_timeout: float = Field(30.0, gt=0, description="seconds one tool call may take")
+    max_tokens_per_turn: int | None = Field(None, ge=1, description="tokens one assistant turn may generate "
+                                            "(stop reason max_tokens_per_turn); None: no cap of its own")
+    max_total_tokens: int | None = Field(None, ge=1, description="generated + observation tokens over the whole "
+                                         "trajectory, all segments (stop reason max_total_tokens); None: no cap")
+    max_context_length: int | None = Field(None, ge=2, description="tokens the model sees at once, prompt included "
+                                           "(context.strategy rewrites the history to stay under it; stop reason "
+                                           "max_context_length); None: no cap of its own")
+    context: ContextConfig = Field(default_factory=ContextConfig)
+
+    @model_validator(mode="after")
+    def _context_needs_a_limit(self) -> MultiTurnConfig:
+        c = self.context
+        if c.strategy != "none" and self.max_context_length is None and c.trigger_length is None:
+            raise ValueError(f"multi_turn.context.strategy={c.strategy!r} needs multi_turn.max_context_length "
+                             "or multi_turn.context.trigger_length (when to rewrite the history)")
+        if self.max_context_length is not None and c.trigger_length is not None \
+                and c.trigger_length >= self.max_context_length:
+            raise ValueError(f"multi_turn.context.trigger_length={c.trigger_length} must be below "
+                             f"multi_turn.max_context_length={self.max_context_length}")
+        return self
 
 
 class ValKwargsConfig(Section):
