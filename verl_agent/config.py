@@ -173,9 +173,13 @@ class ContextConfig(Section):
                                 description="summarize: the user message that asks the policy for its summary")
     summary_max_tokens: int = Field(128, ge=1, description="summarize: tokens the summary turn may generate")
 
-    @field_validator("strategy")
+    @field_validator("strategy", mode="before")
     @classmethod
-    def _known_strategy(cls, value: str) -> str:
+    def _known_strategy(cls, value: Any) -> Any:
+        if value is None:  # `strategy=none` on the command line parses as null
+            return "none"
+        if not isinstance(value, str):
+            return value
         if value not in CONTEXT_STRATEGIES and ":" not in value and "." not in value:
             raise ValueError(f"unknown context strategy {value!r}; choose one of {list(CONTEXT_STRATEGIES)} or "
                              "name a function as 'pkg.mod:fn' or 'path/file.py:fn'")
