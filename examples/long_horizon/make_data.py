@@ -7,6 +7,7 @@ The held-out codes (test) are never a training code: every 5th code (10, 15, ...
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,9 +27,11 @@ def rows(split: str, codes: list[int], seed0: int) -> list[dict]:
             for i, c in enumerate(codes)]
 
 
-def main() -> None:
-    out = HERE / "data"
-    out.mkdir(exist_ok=True)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(HERE / "data"))
+    out = Path(ap.parse_args(argv).out)
+    out.mkdir(parents=True, exist_ok=True)
     for split, codes, seed0 in (("train", TRAIN_CODES, 0), ("test", TEST_CODES, 10_000)):
         (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(split, codes, seed0)))
 
