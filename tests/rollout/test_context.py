@@ -17,6 +17,7 @@ from verl_agent.interactions.base import BaseInteraction
 from verl_agent.protocol import Message
 from verl_agent.rollout.agent_loop import AgentLoop
 from verl_agent.rollout.context import DROPPED_PREFIX, SUMMARY_PREFIX
+from verl_agent.rollout.metrics import summarize
 from verl_agent.tools import CalculatorTool
 
 SP = SamplingParams(max_new_tokens=400)
@@ -28,7 +29,7 @@ class Rooms(BaseInteraction):
 
     async def generate_response(self, instance_id, messages, **kwargs):
         st = self.instances[instance_id]
-        st.setdefault("seen", []).append([m["content"] for m in messages])
+        self.__dict__.setdefault("seen", []).append([m["content"] for m in messages])
         st["turns"] += 1
         if st["turns"] > self.config.get("rooms", 5) + 1:
             st["score"] = float("444" in messages[-1]["content"])
@@ -112,6 +113,9 @@ async def test_drop_observations_segments_are_token_exact(chat_tokenizer):
     assert_segments_exact(tok, segs, engine)
     for t in segs:
         assert len(t.prompt_ids) + len(t.response_ids) <= 300
+    m = summarize(segs)  # success and stops per episode, lengths per trained sequence
+    assert (m["rollout/num_episodes"], m["rollout/num_trajectories"], m["rollout/success_rate"]) == (1, len(segs), 1)
+    assert m["rollout/stop/interaction_done"] == 1 and m["rollout/context/rewrites"] == len(segs) - 1
     later = segs[-1].messages
     assert later[0].content == "Say 444 at the end."  # the task stays
     dropped = [m for m in later if m.content.startswith(DROPPED_PREFIX)]
@@ -174,16 +178,17 @@ async def test_user_strategy_is_called_with_the_context_and_its_result_is_the_ne
 
     calls = import_object(f"{tmp_path}/keep.py:CALLS")
     assert len(calls) == len(segs) - 1 >= 1
-    inter_seen = None
     for call, old, new in zip(calls, segs, segs[1:]):
         # the context the model saw (the old segment's messages) plus the observation that did not fit
         assert call[:-1] == [m.to_chat() for m in old.messages]
         assert call[-1]["role"] == "user" and call[-1]["content"].startswith("Room")
         assert [m.to_chat() for m in new.messages[:3]] == [call[0], {"role": "user", "content": "earlier rooms skipped"},
                                                            call[-1]]  # fmt: skip
-        inter_seen = call
-    assert inter_seen is not None
     assert_segments_exact(tok, segs, engine)
+    # the interaction is shown the whole episode, not the model's rewritten context
+    last_seen = loop.interactions["rooms"].seen[-1]
+    assert [c for c in last_seen if c.startswith("Room")] == [ROOM.format(k=k) for k in range(1, 6)]
+    assert "earlier rooms skipped" not in last_seen and len(last_seen) == 1 + 7 + 6  # task, replies, rooms + exit
 
 
 @pytest.mark.parametrize("body, match", [("raise RuntimeError('boom')", "raised RuntimeError: boom"),
