@@ -3,11 +3,11 @@
     python examples/long_horizon/warm_start.py        # prints the model folder (built once, then cached)
 
 The embedded tiny model only knows calculator chats. This short SFT trains it on corridors played the
-intended way ("Next." in every room, "The code is N." at the exit), with the history as
-`context.strategy=drop_observations` (keep_last_turns=1) leaves it: the task and the latest room in full,
-earlier rooms as placeholders (training on whole histories, ~1000 tokens each, was 3x slower per step and
-learned less in the time we had). Both strategies of the comparison start from this same model; training
-codes only (make_data.py holds every 5th code out). The folder is keyed by a hash of the recipe under ~/.cache/verl_agent.
+intended way ("Next." in every room, "The code is N." at the exit): one sample per reply, in the context
+`context.strategy=drop_observations` (keep_last_turns=1) leaves before it: the task, the earlier replies,
+earlier rooms as placeholders and the latest room in full. (Whole histories, ~1000 tokens each, were 3x
+slower per step.) Both strategies of the comparison start from this same model; training codes only
+(make_data.py holds every 5th code out). The folder is keyed by a hash of the recipe under ~/.cache/verl_agent.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
-    recipe_version: int = 2  # 2: only the shape drop_observations leaves, 150 steps (1: both shapes, 60 steps)
-    n_corridors: int = 600
-    steps: int = 150
+    recipe_version: int = 3  # 3: one sample per reply, in the context drop_observations leaves before it
+    n_corridors: int = 300
+    steps: int = 120
     batch_size: int = 8
     lr: float = 1e-3
     warmup_steps: int = 10
@@ -74,10 +74,10 @@ def build(out: Path, base: str, w: WarmStart) -> None:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     rng, enc = random.Random(w.seed), ChatEncoder(tok)
     data = []
-    for i in range(w.n_corridors):
+    for _ in range(w.n_corridors):
         chat = corridor_chat(rng.choice(TRAIN_CODES), rng.randrange(1 << 20))
-        chat = [*drop_observations(chat[:-1], 1, 1), chat[-1]]  # the task stays, rooms before the latest go
-        data.append(encode_conversation(enc, chat))
+        for end in range(1, len(chat), 2):  # each reply, after the task and the latest room in full
+            data.append(encode_conversation(enc, [*drop_observations(chat[:end], 1, 1), chat[end]]))
     losses = train(model, group_by_prefix(data, tok.convert_tokens_to_ids("<|im_end|>")), w, w.seed)
     model.save_pretrained(out)
     tok.save_pretrained(out)
