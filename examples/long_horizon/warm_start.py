@@ -1,13 +1,14 @@
-"""A format warm start for the tiny model: it learns the corridor's replies on compacted histories.
+"""A format warm start for the tiny model: it learns to carry the code in its own replies.
 
     python examples/long_horizon/warm_start.py        # prints the model folder (built once, then cached)
 
 The embedded tiny model only knows calculator chats. This short SFT trains it on corridors played the
-intended way ("Next." in every room, "The code is N." at the exit): one sample per reply, in the context
-`context.strategy=drop_observations` (keep_last_turns=1) leaves before it: the task, the earlier replies,
-earlier rooms as placeholders and the latest room in full. (Whole histories, ~1000 tokens each, were 3x
-slower per step.) Both strategies of the comparison start from this same model; training codes only
-(make_data.py holds every 5th code out). The folder is keyed by a hash of the recipe under ~/.cache/verl_agent.
+one way that needs no long-range memory: every reply restates the code ("The code is N."), so the reply at
+the exit is right if the model copies the code from its own last reply (or the task). One sample per reply,
+in the context that config.yaml's `drop_observations` (keep_last_turns=0, trigger_length=200) leaves
+before it: the task, the earlier replies, and every room (the latest too) as a placeholder. Both
+strategies of the comparison start from this same model; training codes only (make_data.py holds every
+5th code out), so held-out success needs copying, not a memorised code. The folder is keyed by a hash of the recipe under ~/.cache/verl_agent.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
-    recipe_version: int = 3  # 3: one sample per reply, in the context drop_observations leaves before it
+    recipe_version: int = 4  # 4: every reply states the code; contexts of keep_last_turns=0
     n_corridors: int = 300
     steps: int = 120
     batch_size: int = 8
@@ -50,10 +51,11 @@ def corridor_chat(code: int, seed: int) -> list:
 
     from verl_agent.protocol import Message
 
-    msgs = [Message("user", PROMPT.format(code=code)), Message("assistant", "Next.")]
+    reply = Message("assistant", f"The code is {code}.")  # every reply restates it: the model's own notes
+    msgs = [Message("user", PROMPT.format(code=code)), reply]
     for k in range(ROOMS):
-        msgs += [Message("user", room_text(k, seed)), Message("assistant", "Next.")]
-    return [*msgs, Message("user", EXIT), Message("assistant", f"The code is {code}.")]
+        msgs += [Message("user", room_text(k, seed)), reply]
+    return [*msgs, Message("user", EXIT), reply]
 
 
 def build(out: Path, base: str, w: WarmStart) -> None:
@@ -76,8 +78,8 @@ def build(out: Path, base: str, w: WarmStart) -> None:
     data = []
     for _ in range(w.n_corridors):
         chat = corridor_chat(rng.choice(TRAIN_CODES), rng.randrange(1 << 20))
-        for end in range(1, len(chat), 2):  # each reply, after the task and the latest room in full
-            data.append(encode_conversation(enc, [*drop_observations(chat[:end], 1, 1), chat[end]]))
+        for end in range(1, len(chat), 2):  # each reply, in the context config.yaml's strategy leaves before it
+            data.append(encode_conversation(enc, [*drop_observations(chat[:end], 1, 0), chat[end]]))
     losses = train(model, group_by_prefix(data, tok.convert_tokens_to_ids("<|im_end|>")), w, w.seed)
     model.save_pretrained(out)
     tok.save_pretrained(out)

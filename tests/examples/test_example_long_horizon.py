@@ -25,8 +25,7 @@ def test_make_data_reproduces_shipped_files(tmp_path):
 
 def player(text: str, _k: int) -> str:
     code = re.search(r"Remember the code (\d+)", text).group(1)
-    return f"The code is {code}." if text.rstrip().endswith("What is the code?<|im_end|>\n<|im_start|>assistant") \
-        else "Next."
+    return f"The code is {code}."  # the warm start's policy: every reply restates the code
 
 
 async def test_only_a_context_strategy_reaches_the_exit(tiny_model_path):

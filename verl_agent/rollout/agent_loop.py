@@ -8,9 +8,16 @@ until a stop condition. Nothing is re-tokenized. Trajectories never wait for eac
 other except inside the engine's batches, so a slow tool blocks only its own trajectory.
 
 Stop reasons (protocol.StopReason): end_of_turn, interaction_done, max_assistant_turns,
-max_user_turns, response_budget (data.max_response_length counted over all turns,
-observations included; an observation that does not fit is not appended), engine_length,
-prompt_too_long, error. A tool whose call returns ``episode_done`` in its metrics (``submit``)
+max_user_turns, response_budget (data.max_response_length counted over all turns of a segment,
+observations included; an observation that does not fit is not appended), max_tokens_per_turn,
+max_total_tokens, max_context_length (multi_turn's budgets, each its own reason), engine_length,
+prompt_too_long, error; context_rewrite on every segment but the last.
+
+Context (multi_turn.context, rollout/context.py): when an observation would take the context past
+its trigger, the strategy rewrites the history and a new segment starts from the rewritten messages
+(its own Trajectory: the sample's uid, the episode's reward and outcome). `summarize` first samples a
+summary turn, trained in the old segment. The engine session stays, so the engine keeps the K/V of
+the prefix both segments share. Interactions always see the whole episode (`_Episode.transcript`). A tool whose call returns ``episode_done`` in its metrics (``submit``)
 ends the episode after that turn (end_of_turn).
 
 Outcome (protocol.Outcome), set on every trajectory: infrastructure failures (the engine
