@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plot", type=Path, default=HERE / "long_horizon.png")
     ap.add_argument("--runs", type=Path, default=REPO / "runs" / "long_horizon")
     ap.add_argument("--plot-only", action="store_true")
-    ap.add_argument("--title", default="corridor (code at the start, 4 long rooms, code at the exit), tiny model,\n"
-                    "max_context_length 448; held-out: 18 codes x 2 samples; shaded: min-max over seeds")
+    ap.add_argument("--title", default="corridor, tiny model, max_context_length 448\n"
+                    "held-out: 18 codes x 4 samples; shaded: min-max over seeds")
     ap.add_argument("overrides", nargs="*", help="extra config overrides, e.g. trainer.total_training_steps=2")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
