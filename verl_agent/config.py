@@ -492,7 +492,7 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
         if when:
             out.append((key, value, hint))
 
-    for step in (_refuse_modes, _refuse_placement, _refuse_verl_spellings, _refuse_fsdp_and_logger):
+    for step in (_refuse_modes, _refuse_placement, _refuse_verl_spellings, _refuse_fsdp_and_logger, _refuse_context):
         step(c, refuse)
     return out
 
@@ -561,6 +561,19 @@ def _refuse_verl_spellings(c: RunConfig, refuse: _Refuse) -> None:
            "actor_rollout_ref.rollout.prompt_length", r.prompt_length, "set data.max_prompt_length instead")
     refuse(r.response_length is not None and r.response_length != d.max_response_length,
            "actor_rollout_ref.rollout.response_length", r.response_length, "set data.max_response_length instead")
+
+
+def _refuse_context(c: RunConfig, refuse: _Refuse) -> None:
+    """The native loop's context strategy and budgets; an agent function manages its own history."""
+    r = c.actor_rollout_ref.rollout
+    if r.agent.entrypoint is None:
+        return
+    mt, key = r.multi_turn, "actor_rollout_ref.rollout.multi_turn"
+    hint = ("the native agent loop reads it; an agent function (rollout.agent.entrypoint) keeps its own history: "
+            "its rewrites become segments, its budget is data.max_response_length")
+    refuse(mt.context.strategy != "none", f"{key}.context.strategy", mt.context.strategy, hint)
+    for name in ("max_tokens_per_turn", "max_total_tokens", "max_context_length"):
+        refuse(getattr(mt, name) is not None, f"{key}.{name}", getattr(mt, name), hint)
 
 
 def _refuse_fsdp_and_logger(c: RunConfig, refuse: _Refuse) -> None:

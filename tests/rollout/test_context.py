@@ -255,6 +255,9 @@ def test_context_config_is_checked():
         load_config(None, ["actor_rollout_ref.rollout.multi_turn.max_context_length=200",
                            "actor_rollout_ref.rollout.multi_turn.context.strategy=truncate_middle",
                            "actor_rollout_ref.rollout.multi_turn.context.trigger_length=300"])
+    with pytest.raises(ConfigError, match="max_context_length=100: the native agent loop reads it"):
+        load_config(None, ["actor_rollout_ref.rollout.agent.entrypoint=pkg.mod:run_agent",
+                           "actor_rollout_ref.rollout.multi_turn.max_context_length=100"])
     cfg = load_config(None, ["actor_rollout_ref.rollout.multi_turn.context.strategy=none"])
     assert cfg.actor_rollout_ref.rollout.multi_turn.context.strategy == "none"
     from verl_agent.rollout.context import ContextStrategy
