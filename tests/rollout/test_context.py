@@ -216,6 +216,18 @@ async def test_a_failing_user_strategy_is_an_infra_failure_of_that_trajectory_on
     assert ok.outcome == "ok" and ok.reward == 1.0
 
 
+async def test_a_strategy_failing_after_a_rewrite_fails_every_segment_of_its_episode_once(chat_tokenizer, tmp_path):
+    tok = chat_tokenizer
+    (tmp_path / "late.py").write_text("N = []\ndef late(messages):\n    N.append(1)\n"
+                                      "    if len(N) > 1:\n        raise RuntimeError('late')\n"
+                                      "    return [messages[0], messages[-1]]\n")
+    loop, engine, job = run(tok, context_cfg(f"{tmp_path}/late.py:late"))
+    segs = (await job).trajectories
+    assert len(segs) == 2 and all((t.outcome, t.cause, t.reward) == ("infra_failure", "context_error", 0.0) for t in segs)
+    m = summarize(segs)
+    assert (m["rollout/num_episodes"], m["rollout/infra_failed"], m["rollout/infra_failed/context_error"]) == (1, 1, 1)
+
+
 async def test_each_budget_stops_with_its_own_reason(chat_tokenizer):
     tok = chat_tokenizer
     cases = [("max_tokens_per_turn", {"max_tokens_per_turn": 3}, 1200),

@@ -17,7 +17,9 @@ Context (multi_turn.context, rollout/context.py): when an observation would take
 its trigger, the strategy rewrites the history and a new segment starts from the rewritten messages
 (its own Trajectory: the sample's uid, the episode's reward and outcome). `summarize` first samples a
 summary turn, trained in the old segment. The engine session stays, so the engine keeps the K/V of
-the prefix both segments share. Interactions always see the whole episode (`_Episode.transcript`). A tool whose call returns ``episode_done`` in its metrics (``submit``)
+the prefix both segments share. Interactions always see the whole episode (`_Episode.transcript`).
+
+A tool whose call returns ``episode_done`` in its metrics (``submit``)
 ends the episode after that turn (end_of_turn).
 
 Outcome (protocol.Outcome), set on every trajectory: infrastructure failures (the engine
@@ -206,6 +208,8 @@ class AgentLoop:
             for t in ep.segments:
                 t.outcome, t.cause = ep.traj.outcome, ep.traj.cause
         segs = ep.all_segments() if ep is not None else [traj]
+        if len(segs) > 1:
+            self._segment_metrics(ep)
         for t in segs:
             t.metrics["seconds"] = time.perf_counter() - start
             t.check()
@@ -536,8 +540,6 @@ class AgentLoop:
             num_tool_calls=ep.counts["tool_calls"], num_tool_errors=ep.counts["tool_errors"],
             response_length=float(len(traj.response_ids)), num_model_tokens=float(traj.num_model_tokens),
         )  # fmt: skip
-        if ep.segments:
-            self._segment_metrics(ep)
         if ep.interaction is not None:
             score = float(await ep.interaction.score())
             if ep.interaction.error:
