@@ -43,11 +43,12 @@ class Recording:
     """Wraps an engine; keeps (prompt ids, output) of every call."""
 
     def __init__(self, engine):
-        self.engine, self.calls = engine, []
+        self.engine, self.calls, self.sessions = engine, [], []
 
     async def generate(self, prompt_ids, sampling, *, session=None):
         out = await self.engine.generate(prompt_ids, sampling, session=session)
         self.calls.append((list(prompt_ids), out))
+        self.sessions.append(session)
         return out
 
     async def release_session(self, session):
@@ -135,6 +136,15 @@ async def test_truncate_middle_keeps_the_task_and_the_last_tokens(chat_tokenizer
     segs = (await job).trajectories
     assert len(segs) >= 2 and segs[-1].reward == 1.0
     assert_segments_exact(tok, segs, engine)
+    # KV reuse: one engine session for the whole episode, and each new segment's first call shares the task's
+    # prompt with the call before it (the hf engine keeps that prefix's K/V: test_hf_engine_continuous.py)
+    assert len(set(engine.sessions)) == 1 and engine.sessions[0] is not None
+    enc = ChatEncoder(tok)
+    head = enc.encode_text(enc.render(segs[0].messages[:1], add_generation_prompt=False))  # the task's ids
+    firsts = [next(i for i, (p, _) in enumerate(engine.calls) if p == t.prompt_ids) for t in segs[1:]]
+    for i in firsts:
+        before, now = engine.calls[i - 1][0] + list(engine.calls[i - 1][1].token_ids), engine.calls[i][0]
+        assert now[: len(head)] == before[: len(head)] == head and now[: len(before)] != before
     for t in segs[1:]:
         n = first_len(tok, t)
         assert t.messages[0].content == "Say 444 at the end."
