@@ -230,6 +230,40 @@ class RefConfig(Section):
 
 
 # ---------------------------------------------------------------- rollout
+CONTEXT_STRATEGIES = ("none", "drop_observations", "truncate_middle", "summarize")
+DEFAULT_SUMMARY_PROMPT = ("Your context is nearly full. Summarize everything you will still need to finish the "
+                          "task: what you found, what you did, and what is left to do. Reply with the summary only.")
+
+
+class ContextConfig(Section):
+    """actor_rollout_ref.rollout.multi_turn.context: what the native agent loop does when the history outgrows
+    the context (rollout/context.py; docs/training.md#long-horizons-context-management)."""
+
+    strategy: str = Field("none", description="none | drop_observations | truncate_middle | summarize | a user "
+                          "function 'pkg.mod:fn' or 'file.py:fn' (OpenAI messages in, messages out)")
+    trigger_length: int | None = Field(None, ge=1, description="rewrite the context once it passes this many tokens; "
+                                       "None: when the next turn might not fit multi_turn.max_context_length")
+    keep_last_turns: int = Field(2, ge=0, description="drop_observations: the observations of this many latest "
+                                 "assistant turns stay; older ones become a placeholder")
+    keep_last_tokens: int = Field(256, ge=1, description="truncate_middle: tokens of latest messages kept after "
+                                  "the system message and the task")
+    summary_prompt: str = Field(DEFAULT_SUMMARY_PROMPT, min_length=1,
+                                description="summarize: the user message that asks the policy for its summary")
+    summary_max_tokens: int = Field(128, ge=1, description="summarize: tokens the summary turn may generate")
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _known_strategy(cls, value: Any) -> Any:
+        if value is None:  # `strategy=none` on the command line parses as null
+            return "none"
+        if not isinstance(value, str):
+            return value
+        if value not in CONTEXT_STRATEGIES and ":" not in value and "." not in value:
+            raise ValueError(f"unknown context strategy {value!r}; choose one of {list(CONTEXT_STRATEGIES)} or "
+                             "name a function as 'pkg.mod:fn' or 'path/file.py:fn'")
+        return value
+
+
 class MultiTurnConfig(Section):
     enable: bool = True
     max_assistant_turns: int | None = Field(4, ge=1, description="None: until the response budget")
@@ -250,6 +284,26 @@ class MultiTurnConfig(Section):
             raise ValueError(f"unknown tool-call format; choose one of {list(FORMATS)} or null (detect)")
         return value
     tool_timeout: float = Field(30.0, gt=0, description="seconds one tool call may take")
+    max_tokens_per_turn: int | None = Field(None, ge=1, description="tokens one assistant turn may generate "
+                                            "(stop reason max_tokens_per_turn); None: no cap of its own")
+    max_total_tokens: int | None = Field(None, ge=1, description="generated + observation tokens over the whole "
+                                         "trajectory, all segments (stop reason max_total_tokens); None: no cap")
+    max_context_length: int | None = Field(None, ge=2, description="tokens the model sees at once, prompt included "
+                                           "(context.strategy rewrites the history to stay under it; stop reason "
+                                           "max_context_length); None: no cap of its own")
+    context: ContextConfig = Field(default_factory=ContextConfig)
+
+    @model_validator(mode="after")
+    def _context_needs_a_limit(self) -> MultiTurnConfig:
+        c = self.context
+        if c.strategy != "none" and self.max_context_length is None and c.trigger_length is None:
+            raise ValueError(f"multi_turn.context.strategy={c.strategy!r} needs multi_turn.max_context_length "
+                             "or multi_turn.context.trigger_length (when to rewrite the history)")
+        if self.max_context_length is not None and c.trigger_length is not None \
+                and c.trigger_length >= self.max_context_length:
+            raise ValueError(f"multi_turn.context.trigger_length={c.trigger_length} must be below "
+                             f"multi_turn.max_context_length={self.max_context_length}")
+        return self
 
 
 class ValKwargsConfig(Section):
@@ -542,7 +596,7 @@ def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
             out.append((key, value, hint))
 
     for step in (_refuse_modes, _refuse_placement, _refuse_verl_spellings, _refuse_fsdp_and_logger, _refuse_judge,
-                 _refuse_lora):
+                 _refuse_lora, _refuse_context):
         step(c, refuse)
     return out
 
@@ -611,6 +665,19 @@ def _refuse_verl_spellings(c: RunConfig, refuse: _Refuse) -> None:
            "actor_rollout_ref.rollout.prompt_length", r.prompt_length, "set data.max_prompt_length instead")
     refuse(r.response_length is not None and r.response_length != d.max_response_length,
            "actor_rollout_ref.rollout.response_length", r.response_length, "set data.max_response_length instead")
+
+
+def _refuse_context(c: RunConfig, refuse: _Refuse) -> None:
+    """The native loop's context strategy and budgets; an agent function manages its own history."""
+    r = c.actor_rollout_ref.rollout
+    if r.agent.entrypoint is None:
+        return
+    mt, key = r.multi_turn, "actor_rollout_ref.rollout.multi_turn"
+    hint = ("the native agent loop reads it; an agent function (rollout.agent.entrypoint) keeps its own history: "
+            "its rewrites become segments, its budget is data.max_response_length")
+    refuse(mt.context.strategy != "none", f"{key}.context.strategy", mt.context.strategy, hint)
+    for name in ("max_tokens_per_turn", "max_total_tokens", "max_context_length"):
+        refuse(getattr(mt, name) is not None, f"{key}.{name}", getattr(mt, name), hint)
 
 
 def _refuse_fsdp_and_logger(c: RunConfig, refuse: _Refuse) -> None:

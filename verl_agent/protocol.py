@@ -23,6 +23,10 @@ StopReason = Literal[
     "max_user_turns",
     "response_budget",  # data.max_response_length exhausted over all turns
     "engine_length",  # the engine hit its own context/length limit
+    "max_tokens_per_turn",  # one turn reached multi_turn.max_tokens_per_turn
+    "max_total_tokens",  # multi_turn.max_total_tokens (generated + observations, all segments) exhausted
+    "max_context_length",  # what the model would see no longer fits multi_turn.max_context_length
+    "context_rewrite",  # not the end of the episode: the history was rewritten and the next segment goes on
     "prompt_too_long",  # the prompt exceeds data.max_prompt_length (filtered or refused; nothing generated)
     "error",  # something outside the model failed; see Trajectory.cause and Trajectory.error
 ]
@@ -34,7 +38,8 @@ StopReason = Literal[
 #   infra_failure    something outside the model failed; never becomes reward: left out of the loss,
 #                    counted per cause. Causes: engine_error, tool_crash, tool_timeout, tool_unavailable,
 #                    sandbox_unavailable, reward_error, judge_unavailable, judge_unparsable, interaction_error,
-#                    prompt_too_long, agent_loop_error
+#                    prompt_too_long, agent_loop_error,
+#                    context_error (a user context strategy raised or returned no valid messages)
 #   filtered         dropped on purpose before generation (data.filter_overlong_prompts); not trained on
 Outcome = Literal["ok", "policy_failure", "infra_failure", "filtered"]
 OUTCOMES: tuple[str, ...] = ("ok", "policy_failure", "infra_failure", "filtered")

@@ -75,19 +75,26 @@ async def test_kv_reuse_equals_a_full_prefill(small_model, temperature):
     await reuse.close()
 
 
-async def test_a_session_that_does_not_extend_its_history_is_re_prefilled(small_model):
+async def test_a_session_that_rewrites_its_history_keeps_only_the_shared_prefix(small_model):
     sp = SamplingParams(temperature=0.0, max_new_tokens=6)
     e, fresh = engine(small_model), engine(small_model)
     first = await e.generate(PROMPT, sp, session="s")
-    edited = PROMPT + first.token_ids[:-2] + [60] + TOOL  # history rewritten (e.g. a truncated reply)
+    assert first.token_ids[-2] != 60
+    edited = PROMPT + first.token_ids[:-2] + [60] + TOOL  # history rewritten (e.g. a context strategy)
     got = await e.generate(edited, sp, session="s")
-    assert got.token_ids == (await fresh.generate(edited, sp)).token_ids
-    m = e.metrics()
-    assert m["engine/sessions_reset"] == 1 and m["engine/prefill_tokens_saved"] == 0
-    assert m["engine/prefill_tokens"] == len(PROMPT) + len(edited)
+    want = await fresh.generate(edited, sp)
+    assert got.token_ids == want.token_ids
+    torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-5, rtol=0)
+    m, shared = e.metrics(), len(PROMPT) + 4  # PROMPT + first[:-2]: their K/V stay; the rest is prefilled
+    assert m["engine/sessions_reset"] == 1 and m["engine/prefill_tokens_saved"] == shared
+    assert m["engine/prefill_tokens"] == len(PROMPT) + len(edited) - shared
     # the session now holds the new history, and a turn extending it is reused again
     await e.generate(edited + got.token_ids + TOOL, sp, session="s")
-    assert e.metrics()["engine/prefill_tokens_saved"] == len(edited) + 6 - 1
+    assert e.metrics()["engine/prefill_tokens_saved"] == shared + len(edited) + 6 - 1
+    # a prompt that shares nothing (a new first token) prefills everything
+    before = e.metrics()["engine/prefill_tokens"]
+    await e.generate([PROMPT[0] + 1, *PROMPT[1:]], sp, session="s")
+    assert e.metrics()["engine/prefill_tokens"] - before == len(PROMPT)
     await e.close()
     await fresh.close()
 

@@ -211,3 +211,35 @@ def test_self_contained_html_report(page, run_dir, tmp_path):
     rec = _first_record(run_dir, "step_2")
     expect(page.locator("#tok-tip")).to_contain_text(f"id {rec['response_ids'][0]} ")
     page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+
+
+def test_segments_of_a_rewritten_context(page, run_dir, tiny_tokenizer):
+    """An episode whose context was rewritten (rollout/context.py): each segment is a row with its badge; the
+    later one says where the history was rewritten, the earlier one that the episode goes on; each turn
+    says how many tokens the model saw."""
+    from runfactory import _Builder
+
+    from verl_agent.protocol import RolloutBatch
+    from verl_agent.rollout.records import write_records
+
+    first = _Builder(tiny_tokenizer, "corridor:1", "Remember the code 37.").turn("The code is 37.").build(
+        1.0, stop="context_rewrite")
+    second = _Builder(tiny_tokenizer, "corridor:1", "Remember the code 37.").turn("The code is 37.").build(
+        1.0, stop="interaction_done")
+    for k, seg in enumerate((first, second)):
+        seg.metrics.update(segment=float(k), num_segments=2.0)
+    path = run_dir / "trajectories" / "step_1.jsonl"
+    write_records(path, RolloutBatch([first, second]), tokenizer=None, step=1, append=False)
+    with serving(run_dir) as url:
+        _open(page, url)
+        page.click(".tab[data-tab='steps']")
+        expect(page.locator(".traj-row")).to_have_count(2)
+        detail = page.locator("#detail .trajectory")
+        page.locator(".traj-row[data-index='1']").click()
+        expect(detail.locator(".badge.segment")).to_have_text("segment 2 of 2")
+        expect(detail.locator(".rewrite-line")).to_contain_text("context rewritten: segment 2 of 2")
+        expect(detail.locator(".turn-info").first).to_contain_text(f"saw {len(second.prompt_ids)} tokens")
+        page.locator(".traj-row[data-index='0']").click()
+        expect(detail.locator(".badge.segment")).to_have_text("segment 1 of 2")
+        expect(detail.locator(".rewrite-line")).to_have_count(0)
+        expect(detail.locator(".stop-line")).to_contain_text("context_rewrite (the episode goes on in segment 2 of 2)")

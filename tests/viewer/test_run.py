@@ -100,3 +100,11 @@ def test_metrics_errors_and_non_finite_values(broken_run):
 def test_missing_path_is_a_run_error(tmp_path):
     with pytest.raises(RunError, match="no such file"):
         Run(tmp_path / "nope")
+
+
+def test_every_budget_stop_counts_as_truncated():
+    from verl_agent.viewer.query import Filter
+
+    for stop in ("max_tokens_per_turn", "max_total_tokens", "max_context_length", "response_budget"):
+        assert Filter(status="truncated").match_head({"stop_reason": stop}, None)
+    assert not Filter(status="truncated").match_head({"stop_reason": "context_rewrite"}, None)

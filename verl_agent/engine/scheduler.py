@@ -39,7 +39,7 @@ class Scheduler:
 
     def add(self, seq: Seq) -> None:
         entry = self.table.peek_session(seq.session) if seq.session is not None else None
-        reusable = entry.n_cached if entry is not None and seq.prompt[: len(entry.tokens)] == entry.tokens else 0
+        reusable = _reusable(seq.prompt, entry.tokens, entry.n_cached) if entry is not None else 0
         seq.est_prefill = len(seq.prompt) - reusable  # an estimate: the session may be evicted before admission
         self.waiting_tokens += seq.est_prefill
         self.waiting.append(seq)
@@ -104,11 +104,11 @@ class Scheduler:
         entry = self.table.claim_session(seq.session) if seq.session is not None else None
         if entry is not None:
             seq.slot = entry.slot
+            seq.n_cached = _reusable(seq.prompt, entry.tokens, entry.n_cached)
+            self.counters["prefill_tokens_saved"] += seq.n_cached
             if seq.prompt[: len(entry.tokens)] == entry.tokens:
-                seq.n_cached = entry.n_cached
-                self.counters["prefill_tokens_saved"] += entry.n_cached
                 self.counters["sessions_reused"] += 1
-            else:  # the prompt does not extend the session's history: re-prefill the slot
+            else:  # a rewritten history: only the prefix it shares with the session's keeps its K/V
                 self.counters["sessions_reset"] += 1
         else:
             slot = self.table.take_free()
@@ -166,3 +166,13 @@ class Scheduler:
             self.finish(seq, keep_session=False)
         self._release_when_done.clear()  # every request is gone: no session waits for one
         return seqs
+
+
+def _reusable(prompt: list[int], tokens: list[int], n_cached: int) -> int:
+    """Prompt tokens whose K/V a session's slot already holds: the prefix `prompt` shares with the session's
+    last prompt + response (`tokens`, of which `n_cached` have K/V), less one so that a prompt equal to that
+    prefix still prefills a token to sample from. Attention is causal, so a shared prefix's K/V stay valid."""
+    n = min(len(prompt) - 1, n_cached)
+    if prompt[:n] == tokens[:n]:
+        return max(n, 0)
+    return next(i for i in range(n) if prompt[i] != tokens[i])

@@ -8,9 +8,18 @@ until a stop condition. Nothing is re-tokenized. Trajectories never wait for eac
 other except inside the engine's batches, so a slow tool blocks only its own trajectory.
 
 Stop reasons (protocol.StopReason): end_of_turn, interaction_done, max_assistant_turns,
-max_user_turns, response_budget (data.max_response_length counted over all turns,
-observations included; an observation that does not fit is not appended), engine_length,
-prompt_too_long, error. A tool whose call returns ``episode_done`` in its metrics (``submit``)
+max_user_turns, response_budget (data.max_response_length counted over all turns of a segment,
+observations included; an observation that does not fit is not appended), max_tokens_per_turn,
+max_total_tokens, max_context_length (multi_turn's budgets, each its own reason), engine_length,
+prompt_too_long, error; context_rewrite on every segment but the last.
+
+Context (multi_turn.context, rollout/context.py): when an observation would take the context past
+its trigger, the strategy rewrites the history and a new segment starts from the rewritten messages
+(its own Trajectory: the sample's uid, the episode's reward and outcome). `summarize` first samples a
+summary turn, trained in the old segment. The engine session stays, so the engine keeps the K/V of
+the prefix both segments share. Interactions always see the whole episode (`_Episode.transcript`).
+
+A tool whose call returns ``episode_done`` in its metrics (``submit``)
 ends the episode after that turn (end_of_turn).
 
 Outcome (protocol.Outcome), set on every trajectory: infrastructure failures (the engine
@@ -50,6 +59,7 @@ from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.parsers import decode_reply
 from verl_agent.protocol import SUCCESS_THRESHOLD, Message, RolloutBatch, Sample, Trajectory, Turn
 from verl_agent.reward import RewardFunction, default_scorer
+from verl_agent.rollout.context import ContextError, ContextStrategy, summary_message
 from verl_agent.rollout.observations import run_tool_calls
 
 if TYPE_CHECKING:
@@ -77,6 +87,10 @@ class InfraFailure(Exception):
         self.cause = cause
 
 
+_BUDGET_STOPS = ("response_budget", "engine_length", "max_assistant_turns", "max_user_turns", "max_tokens_per_turn",
+                 "max_total_tokens", "max_context_length")
+
+
 class _Stop(Exception):
     """Ends a trajectory with a stop reason (control flow inside `_Episode`)."""
 
@@ -101,6 +115,21 @@ class _Episode:
     state_key: str | None = None  # the interaction's info["state_key"] for the next turn (Turn.state_key)
     engine_session: str | None = None  # names this trajectory to the engine (KV reuse across its turns)
     counts: dict[str, float] = field(default_factory=lambda: {"tool_calls": 0, "tool_errors": 0, "malformed_calls": 0})
+    transcript: list[Message] = field(default_factory=list)  # the whole episode (= messages until a rewrite)
+    head: int = 0  # messages of the task (kept by every built-in context strategy)
+    segments: list[Trajectory] = field(default_factory=list)  # earlier segments (ended by a context rewrite)
+    total_tokens: int = 0  # generated + observation tokens over all segments (multi_turn.max_total_tokens)
+    caps: dict[str, int] = field(default_factory=dict)  # this turn's token caps by the stop reason they give
+    summaries: int = 0
+
+    def add(self, *new: Message) -> None:
+        """Append to the context and, once a rewrite has split them, to the transcript."""
+        self.messages.extend(new)
+        if self.transcript is not self.messages:
+            self.transcript.extend(new)
+
+    def all_segments(self) -> list[Trajectory]:
+        return [*self.segments, self.traj]
 
 
 class AgentLoop:
@@ -135,6 +164,7 @@ class AgentLoop:
         self.parser = get_parser(self.mt.format, tokenizer) if self.tools else None
         self.policy_version = 0
         self._engine_sessions = _accepts_session(engine)
+        self.context = ContextStrategy(self.mt.context, tokenizer)
 
     async def run(self, samples: list[Sample], n: int, sampling: SamplingParams) -> RolloutBatch:
         """n trajectories per sample (GRPO groups share the sample uid), all concurrently, in sample order."""
@@ -145,10 +175,11 @@ class AgentLoop:
             for k in range(n):
                 sp = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i * n + k)
                 jobs.append(self.run_one(sample, sp))
-        return RolloutBatch(trajectories=list(await asyncio.gather(*jobs)))
+        return RolloutBatch(trajectories=[t for segs in await asyncio.gather(*jobs) for t in segs])
 
-    async def run_one(self, sample: Sample, sampling: SamplingParams) -> Trajectory:
-        """One trajectory; never raises for a failure of the model, a tool, an interaction or the engine."""
+    async def run_one(self, sample: Sample, sampling: SamplingParams) -> list[Trajectory]:
+        """One episode -> its segments as trajectories (one unless the context was rewritten); never raises
+        for a failure of the model, a tool, an interaction, a context strategy or the engine."""
         traj = Trajectory(uid=sample.uid, prompt_ids=[], response_ids=[], loss_mask=[], rollout_logprobs=[])
         traj.data_source, traj.policy_version = sample.data_source, self.policy_version
         start = time.perf_counter()
@@ -159,21 +190,30 @@ class AgentLoop:
                 try:
                     await self._turns(ep, sampling)
                 except _Stop as stop:
-                    traj.stop_reason = stop.reason  # type: ignore[assignment]
-                if traj.stop_reason != "prompt_too_long":
-                    traj.reward = await self._reward(ep, sample)
+                    ep.traj.stop_reason = stop.reason  # type: ignore[assignment]
+                if ep.traj.stop_reason != "prompt_too_long":
+                    reward = await self._reward(ep, sample)
+                    for t in ep.all_segments():
+                        t.reward = reward
         except Exception as e:  # one failing trajectory never kills the others
-            cause = e.cause if isinstance(e, InfraFailure) else "agent_loop_error"
-            level = logging.WARNING if isinstance(e, InfraFailure) else logging.ERROR
+            cause = e.cause if isinstance(e, (InfraFailure, ContextError)) else "agent_loop_error"
+            level = logging.WARNING if isinstance(e, (InfraFailure, ContextError)) else logging.ERROR
             logger.log(level, "trajectory %s: infrastructure failure (%s): %s", sample.uid, cause, e,
-                       exc_info=not isinstance(e, InfraFailure))
-            traj.stop_reason = "prompt_too_long" if cause == "prompt_too_long" else "error"
-            traj.outcome, traj.cause, traj.error, traj.reward = "infra_failure", cause, f"{type(e).__name__}: {e}", 0.0
+                       exc_info=level == logging.ERROR)
+            for t in ep.all_segments() if ep is not None else [traj]:
+                t.stop_reason = "prompt_too_long" if cause == "prompt_too_long" else "error"
+                t.outcome, t.cause, t.error, t.reward = "infra_failure", cause, f"{type(e).__name__}: {e}", 0.0
         else:
-            self._classify(traj, ep)
-        traj.metrics["seconds"] = time.perf_counter() - start
-        traj.check()
-        return traj
+            self._classify(ep.traj, ep)
+            for t in ep.segments:
+                t.outcome, t.cause = ep.traj.outcome, ep.traj.cause
+        segs = ep.all_segments() if ep is not None else [traj]
+        if len(segs) > 1:
+            self._segment_metrics(ep)
+        for t in segs:
+            t.metrics["seconds"] = time.perf_counter() - start
+            t.check()
+        return segs
 
     def _classify(self, traj: Trajectory, ep: _Episode) -> None:
         classify(traj, ep.counts)
@@ -193,8 +233,9 @@ class AgentLoop:
         if self._engine_sessions:  # released when the trajectory ends, however it ends
             ep.engine_session = f"{sample.uid}/{uuid.uuid4().hex}"
             stack.push_async_callback(self.engine.release_session, ep.engine_session)
-        traj.messages = ep.messages
+        traj.messages = ep.transcript = ep.messages
         await self._start_interaction(ep, sample, stack)
+        ep.head = len(ep.messages)
         traj.prompt_ids = self._fit_prompt(list(encoder.encode_prompt(ep.messages)))
         return ep
 
@@ -232,17 +273,14 @@ class AgentLoop:
     # -- turns ---------------------------------------------------------------------------------
 
     async def _turns(self, ep: _Episode, sampling: SamplingParams) -> None:
-        traj = ep.traj
-        if not traj.prompt_ids:
+        if not ep.traj.prompt_ids:
             raise _Stop("prompt_too_long")
         stop_ids = sorted(set(sampling.stop_token_ids) | set(ep.encoder.eos_token_ids))
         max_turns = self.mt.max_assistant_turns if self.mt.enable else 1
         while True:
-            budget = self.max_response_length - len(traj.response_ids)
-            if budget <= 0:
-                raise _Stop("response_budget")
-            sp = replace(sampling.for_turn(ep.assistant_turns), max_new_tokens=min(sampling.max_new_tokens, budget),
-                         stop_token_ids=stop_ids)
+            ep.caps = self._caps(ep)
+            sp = replace(sampling.for_turn(ep.assistant_turns + ep.summaries),
+                         max_new_tokens=min(sampling.max_new_tokens, *ep.caps.values()), stop_token_ids=stop_ids)
             turn = await self._generate(ep, sp)
             if max_turns is not None and ep.assistant_turns >= max_turns and self._wants_more(ep):
                 if ep.interaction is not None and not self._calls_tools(ep):
@@ -250,13 +288,124 @@ class AgentLoop:
                 raise _Stop("max_assistant_turns")
             new = await self._observe(ep, turn)
             obs = self._encode_observation(ep, new)
-            if len(obs) >= self.max_response_length - len(traj.response_ids):
-                raise _Stop("response_budget")  # never cut an observation; leave room for a reply
-            ep.messages.extend(new)
-            traj.response_ids += obs
-            traj.loss_mask += [0] * len(obs)
-            traj.rollout_logprobs += [0.0] * len(obs)
-            turn.obs_end = len(traj.response_ids)
+            if self._rewrite_due(ep, len(obs)) and await self._rewrite(ep, new, len(obs), sampling, stop_ids):
+                continue
+            self._check_fits(ep, len(obs))
+            ep.add(*new)
+            self._append_context(ep, obs)
+            turn.obs_end = len(ep.traj.response_ids)
+
+    def _caps(self, ep: _Episode) -> dict[str, int]:
+        """The budgets' caps on the next turn's tokens, keyed by the stop reason each gives; raises _Stop when
+        one has nothing left. data.max_response_length counts one segment's response (today's budget)."""
+        traj, mt = ep.traj, self.mt
+        caps = {"response_budget": self.max_response_length - len(traj.response_ids)}
+        if mt.max_tokens_per_turn is not None:
+            caps["max_tokens_per_turn"] = mt.max_tokens_per_turn
+        if mt.max_total_tokens is not None:
+            caps["max_total_tokens"] = mt.max_total_tokens - ep.total_tokens
+        if mt.max_context_length is not None:
+            caps["max_context_length"] = mt.max_context_length - len(traj.prompt_ids) - len(traj.response_ids)
+        for reason, left in caps.items():
+            if left <= 0:
+                raise _Stop(reason)
+        return caps
+
+    def _check_fits(self, ep: _Episode, n_obs: int) -> None:
+        """Never cut an observation: one that leaves no room for a reply ends the episode (its budget's reason)."""
+        traj, mt = ep.traj, self.mt
+        if n_obs >= self.max_response_length - len(traj.response_ids):
+            raise _Stop("response_budget")
+        if mt.max_total_tokens is not None and n_obs >= mt.max_total_tokens - ep.total_tokens:
+            raise _Stop("max_total_tokens")
+        if mt.max_context_length is not None and \
+                n_obs >= mt.max_context_length - len(traj.prompt_ids) - len(traj.response_ids):
+            raise _Stop("max_context_length")
+
+    @staticmethod
+    def _append_context(ep: _Episode, ids: list[int], mask: int = 0, logprobs: list[float] | None = None) -> None:
+        traj = ep.traj
+        traj.response_ids += ids
+        traj.loss_mask += [mask] * len(ids)
+        traj.rollout_logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        ep.total_tokens += len(ids)
+
+    # -- context strategies (rollout/context.py) -------------------------------------------------
+
+    def _rewrite_due(self, ep: _Episode, n_obs: int) -> bool:
+        """Rewrite once the context with this observation passes the trigger, or the segment cannot take it."""
+        if not self.context.enabled:
+            return False
+        traj, mt, cfg = ep.traj, self.mt, self.mt.context
+        ctx = len(traj.prompt_ids) + len(traj.response_ids) + n_obs
+        trigger = cfg.trigger_length
+        if trigger is None:  # room for a turn, and for the summary turn too (its prompt with a margin for the template)
+            limit = mt.max_context_length
+            trigger = limit - (mt.max_tokens_per_turn or limit // 4)
+            if self.context.name == "summarize":
+                trigger -= cfg.summary_max_tokens + len(self.tokenizer.encode(cfg.summary_prompt)) + 16
+        return ctx > trigger or n_obs >= self.max_response_length - len(traj.response_ids)
+
+    async def _rewrite(self, ep: _Episode, new: list[Message], n_obs: int, sampling: SamplingParams,
+                       stop_ids: list[int]) -> bool:  # fmt: skip
+        """Start a new segment from the rewritten context and the observation `new` (its `n_obs` tokens count
+        towards max_total_tokens once); False when the strategy leaves the context as it was (the observation
+        is then appended as usual, budgets permitting)."""
+        context = [*ep.messages, *new]
+        if self.context.name == "summarize":
+            summary = await self._summarize(ep, sampling, stop_ids)
+            if summary is None:
+                return False
+            rewritten = [*ep.messages[: ep.head], summary_message(summary), *new]
+        else:
+            rewritten = await self.context.rewrite(context, ep.head)
+            if [m.to_chat() for m in rewritten] == [m.to_chat() for m in context]:
+                return False
+        if self.mt.max_total_tokens is not None and n_obs >= self.mt.max_total_tokens - ep.total_tokens:
+            raise _Stop("max_total_tokens")
+        transcript = [*ep.transcript, *new] if ep.transcript is not ep.messages else context
+        self._new_segment(ep, rewritten)
+        ep.total_tokens += n_obs
+        ep.transcript = transcript
+        return True
+
+    async def _summarize(self, ep: _Episode, sampling: SamplingParams, stop_ids: list[int]) -> str | None:
+        """The summary turn: the summary prompt after the last reply, then the policy's summary (a trained turn of
+        this segment; not an assistant turn of the episode). None when the segment has no room for it."""
+        cfg, traj = self.mt.context, ep.traj
+        request = Message(role="user", content=cfg.summary_prompt)
+        obs = self._encode_observation(ep, [request])
+        caps = self._caps(ep)
+        room = min(cfg.summary_max_tokens, *(left - len(obs) for left in caps.values()))
+        if room < 1:
+            return None
+        transcript = ep.transcript if ep.transcript is not ep.messages else list(ep.messages)
+        ep.messages.append(request)
+        ep.transcript = transcript  # the summary exchange is context only, not part of the episode
+        self._append_context(ep, obs)
+        traj.turns[-1].obs_end = len(traj.response_ids)
+        sp = replace(sampling.for_turn(ep.assistant_turns + ep.summaries), max_new_tokens=room,
+                     stop_token_ids=stop_ids)  # fmt: skip
+        ep.summaries += 1
+        out, _ = await self._sample(ep, sp)
+        text = decode_reply(self.tokenizer, out.token_ids, None)
+        ep.messages.append(Message(role="assistant", content=text))
+        return text
+
+    def _new_segment(self, ep: _Episode, messages: list[Message]) -> None:
+        """End the current segment (stop reason context_rewrite) and start one from `messages`; the engine
+        session stays, so the engine keeps the K/V of the prefix the two share (the task, at least)."""
+        ids = list(ep.encoder.encode_prompt(messages))
+        limit = self.mt.max_context_length or self.max_prompt_length + self.max_response_length
+        if len(ids) >= limit:
+            raise _Stop("max_context_length")
+        old = ep.traj
+        old.stop_reason = "context_rewrite"
+        ep.segments.append(old)
+        ep.traj = Trajectory(uid=old.uid, prompt_ids=ids, response_ids=[], loss_mask=[], rollout_logprobs=[],
+                             messages=list(messages), data_source=old.data_source,
+                             policy_version=self.policy_version)  # fmt: skip
+        ep.messages = ep.traj.messages
 
     def _encode_observation(self, ep: _Episode, new: list[Message]) -> list[int]:
         """Observation ids after the last assistant turn.
@@ -276,7 +425,8 @@ class AgentLoop:
             raw = [*ep.messages[:-1], Message(role="assistant", content=ep.last_text or " ")]
             return list(ep.encoder.encode_observation(raw, new))
 
-    async def _generate(self, ep: _Episode, sp: SamplingParams) -> Turn:
+    async def _sample(self, ep: _Episode, sp: SamplingParams) -> tuple[Any, Turn]:
+        """One engine call on the segment's ids; its tokens are appended verbatim (mask 1) as a new Turn."""
         traj = ep.traj
         t0 = time.perf_counter()
         try:
@@ -287,9 +437,7 @@ class AgentLoop:
         if out.finish_reason == "abort":
             raise InfraFailure("engine_error", "the engine aborted the request")
         start = len(traj.response_ids)
-        traj.response_ids += out.token_ids
-        traj.loss_mask += [1] * len(out.token_ids)
-        traj.rollout_logprobs += [float(x) for x in out.logprobs]
+        self._append_context(ep, list(out.token_ids), 1, [float(x) for x in out.logprobs])
         turn = Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids),
                     state_key=ep.state_key)
         # out.versions: per token (rollout/stream.py); without them the version is read after the call,
@@ -297,15 +445,19 @@ class AgentLoop:
         turn.stamp_versions(out.versions, self.policy_version)
         turn.gen_seconds = time.perf_counter() - t0
         traj.turns.append(turn)
+        return out, turn
+
+    async def _generate(self, ep: _Episode, sp: SamplingParams) -> Turn:
+        out, turn = await self._sample(ep, sp)
         ep.assistant_turns += 1
         ep.last_text = decode_reply(self.tokenizer, out.token_ids, self.parser)
         parsed = self.parser.parse(ep.last_text) if self.parser else None
         content = parsed.content if parsed else ep.last_text
-        ep.messages.append(Message(role="assistant", content=content, tool_calls=parsed.tool_calls if parsed else []))
+        ep.add(Message(role="assistant", content=content, tool_calls=parsed.tool_calls if parsed else []))
         ep.pending = parsed
-        if out.finish_reason == "length":
-            at_budget = len(out.token_ids) >= self.max_response_length - start
-            raise _Stop("response_budget" if at_budget else "engine_length")
+        if out.finish_reason == "length":  # the smallest cap this turn reached names the stop; else the engine's
+            hit = [(left, reason) for reason, left in ep.caps.items() if len(out.token_ids) >= left]
+            raise _Stop(min(hit)[1] if hit else "engine_length")
         return turn
 
     @staticmethod
@@ -346,13 +498,26 @@ class AgentLoop:
     async def _ask_interaction(self, ep: _Episode, turn: Turn) -> tuple[bool, str]:
         """Show the interaction the reply just generated: (done, its reply); the turn gets its score."""
         t0 = time.perf_counter()
-        done, reply, score, info = await ep.interaction.respond(ep.messages)
+        done, reply, score, info = await ep.interaction.respond(ep.transcript)
         turn.score, turn.tool_seconds = float(score), time.perf_counter() - t0
         ep.state_key = None if info.get("state_key") is None else str(info["state_key"])
         if ep.interaction.error:
             raise InfraFailure(ep.interaction.cause or "interaction_error",
                                f"interaction failed: {ep.interaction.error}")
         return done, str(reply)
+
+    @staticmethod
+    def _segment_metrics(ep: _Episode) -> None:
+        """Each segment numbers itself and counts its own turns and tokens; the episode's counts (tool calls,
+        user turns, rewrites) stay on the last segment only, so that batch sums count each episode once."""
+        segs = ep.all_segments()
+        for i, t in enumerate(segs):
+            t.metrics.update(segment=float(i), num_segments=float(len(segs)), num_turns=float(len(t.turns)),
+                             response_length=float(len(t.response_ids)), num_model_tokens=float(t.num_model_tokens))
+            if t is not ep.traj:
+                t.metrics.update(num_user_turns=0.0, num_tool_calls=0.0, num_tool_errors=0.0)
+        ep.traj.metrics.update({"context/rewrites": float(len(segs) - 1), "context/summary_turns": float(ep.summaries),
+                                "context/total_tokens": float(ep.total_tokens)})
 
     # -- reward --------------------------------------------------------------------------------
 
@@ -371,7 +536,7 @@ class AgentLoop:
             return score
         reward_fn = self.reward_fn or default_scorer(sample.data_source)
         if reward_fn is not None:
-            return await score_with_reward_fn(reward_fn, self.tokenizer, sample, [traj], ep.last_text)
+            return await score_with_reward_fn(reward_fn, self.tokenizer, sample, ep.all_segments(), ep.last_text)
         if ep.session is not None:
             try:
                 reward = float(await ep.session.calc_reward())
@@ -396,7 +561,7 @@ def classify(traj: Trajectory, counts: dict[str, float]) -> None:
         traj.outcome, traj.cause = "filtered", "prompt_too_long"
     elif traj.reward >= SUCCESS_THRESHOLD:
         traj.outcome, traj.cause = "ok", None
-    elif traj.stop_reason in ("response_budget", "engine_length", "max_assistant_turns", "max_user_turns"):
+    elif traj.stop_reason in _BUDGET_STOPS:
         traj.outcome, traj.cause = "policy_failure", "budget_exhausted"
     elif counts["malformed_calls"]:
         traj.outcome, traj.cause = "policy_failure", "malformed_tool_call"

@@ -8,6 +8,11 @@ trajectories, to the driver.
 Namespaced trajectory metrics (a "/" in the name, e.g. `proxy/history_rewrites`) are summed
 over the batch as `rollout/<name>`.
 
+Episodes and segments: an episode whose context was rewritten (or an agent run that rewrote its history)
+is several trajectories, its segments (`metrics["segment"]` of `metrics["num_segments"]`). Success, reward,
+outcomes and stop reasons are per episode (read from its last segment: all its segments share its reward
+and outcome); lengths, turns and token counts are per trajectory, as trained.
+
 Outcomes: `rollout/infra_failed` is the share of infrastructure failures and
 `rollout/infra_failed/<cause>` their count per cause; `rollout/policy_failed/<cause>`
 counts the model's own failures; `rollout/filtered` counts prompts dropped as overlong.
@@ -44,6 +49,7 @@ class TrajectorySummary:
     seconds: float
     oldest_version: int = 0
     turns_cut: int = 0  # turns whose tokens span a weight update (partial rollout at a token boundary)
+    last_segment: bool = True  # the episode's last (or only) segment: it counts the episode
     extra: dict[str, float] = field(default_factory=dict)  # namespaced per-trajectory metrics, e.g. proxy/*, agent/*
 
     @classmethod
@@ -56,6 +62,7 @@ class TrajectorySummary:
                    prompt_length=len(t.prompt_ids), model_tokens=t.num_model_tokens,
                    seconds=float(m.get("seconds", 0.0)), oldest_version=t.oldest_version,
                    turns_cut=sum(turn.token_versions is not None for turn in t.turns),
+                   last_segment=m.get("segment", 0.0) >= m.get("num_segments", 1.0) - 1,
                    extra={k: float(v) for k, v in m.items() if "/" in k and isinstance(v, (int, float))})  # fmt: skip
 
 
@@ -74,32 +81,45 @@ def summarize(trajectories: RolloutBatch | Iterable[Trajectory | TrajectorySumma
     """Flat name -> number metrics: success rate, reward stats, outcomes, turns, tool calls, lengths, stops."""
     items = trajectories.trajectories if isinstance(trajectories, RolloutBatch) else trajectories
     trajs = [t if isinstance(t, TrajectorySummary) else TrajectorySummary.of(t) for t in items]
-    n = len(trajs)
-    if n == 0:
+    if not trajs:
         return {"rollout/num_trajectories": 0.0}
-    calls = sum(t.num_tool_calls for t in trajs)
-    outcomes = Counter(t.outcome for t in trajs)
+    out = _episode_metrics([t for t in trajs if t.last_segment])
+    out.update(_trajectory_metrics(trajs))
+    return out
+
+
+def _episode_metrics(episodes: list[TrajectorySummary]) -> dict[str, float]:
+    n = max(1, len(episodes))
+    outcomes = Counter(t.outcome for t in episodes)
     out: dict[str, float] = {
-        "rollout/num_trajectories": float(n),
-        "rollout/success_rate": sum(t.reward >= SUCCESS_THRESHOLD for t in trajs) / n,
+        "rollout/num_episodes": float(len(episodes)),
+        "rollout/success_rate": sum(t.reward >= SUCCESS_THRESHOLD for t in episodes) / n,
         "rollout/infra_failed": outcomes["infra_failure"] / n,
         "rollout/filtered": float(outcomes["filtered"]),
+    }
+    for (outcome, cause), count in Counter((t.outcome, t.cause) for t in episodes if t.cause).items():
+        if outcome in ("infra_failure", "policy_failure"):
+            out[f"rollout/{outcome.replace('_failure', '_failed')}/{cause}"] = float(count)
+    out.update(_stats("rollout/reward", [t.reward for t in episodes]))
+    for reason, count in Counter(t.stop_reason for t in episodes).items():
+        out[f"rollout/stop/{reason}"] = count / n
+    return out
+
+
+def _trajectory_metrics(trajs: list[TrajectorySummary]) -> dict[str, float]:
+    calls = sum(t.num_tool_calls for t in trajs)
+    out: dict[str, float] = {
+        "rollout/num_trajectories": float(len(trajs)),
         "rollout/tool_calls_total": calls,
         "rollout/tool_errors_per_call": sum(t.num_tool_errors for t in trajs) / max(1.0, calls),
         "rollout/model_tokens_total": float(sum(t.model_tokens for t in trajs)),
         "rollout/turns_cut_by_update": float(sum(t.turns_cut for t in trajs)),
     }
-    for (outcome, cause), count in Counter((t.outcome, t.cause) for t in trajs if t.cause).items():
-        if outcome in ("infra_failure", "policy_failure"):
-            out[f"rollout/{outcome.replace('_failure', '_failed')}/{cause}"] = float(count)
-    out.update(_stats("rollout/reward", [t.reward for t in trajs]))
     out.update(_stats("rollout/num_turns", [float(t.num_turns) for t in trajs]))
     out.update(_stats("rollout/num_tool_calls", [t.num_tool_calls for t in trajs]))
     out.update(_stats("rollout/response_length", [float(t.response_length) for t in trajs]))
     out.update(_stats("rollout/prompt_length", [float(t.prompt_length) for t in trajs]))
     out.update(_stats("rollout/seconds", [t.seconds for t in trajs]))
-    for reason, count in Counter(t.stop_reason for t in trajs).items():
-        out[f"rollout/stop/{reason}"] = count / n
     for key in sorted({k for t in trajs for k in t.extra}):  # e.g. proxy/history_rewrites: totals over the batch
         out[f"rollout/{key}"] = sum(t.extra.get(key, 0.0) for t in trajs)
     return out

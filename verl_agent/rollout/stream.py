@@ -128,6 +128,7 @@ class Group:
     trajectories: list[Trajectory]
     sampling: SamplingParams
     started_at: int = 0
+    n: int = 0  # runs fed; a run whose context was rewritten gives several trajectories (its segments)
 
     @property
     def oldest_version(self) -> int:
@@ -189,7 +190,7 @@ class RolloutStream:
                                 policy_version=fed.started_at) for _ in range(fed.n)]  # fmt: skip
         else:
             trajs = task.result().trajectories
-        self.ready.append(Group(fed.batch, fed.position, fed.sample, trajs, fed.sampling, fed.started_at))
+        self.ready.append(Group(fed.batch, fed.position, fed.sample, trajs, fed.sampling, fed.started_at, fed.n))
         self._changed.set()
 
     @property
@@ -218,7 +219,8 @@ class RolloutStream:
                         "policy_version when a generation returns")
                 dropped += 1
                 self.dropped_stale += 1
-                self._start(_Fed(group.batch, group.position, group.sample, len(group.trajectories), group.sampling))
+                self._start(_Fed(group.batch, group.position, group.sample, group.n or len(group.trajectories),
+                                 group.sampling))
                 continue
             out.append(group)
         out.sort(key=lambda g: (g.batch, g.position))

@@ -68,7 +68,7 @@ async def _local_episode(task: HarborTask, model: str, max_turns: int) -> tuple[
         parts = build_rollout(cfg)
         try:
             sp = sampling_params(cfg.actor_rollout_ref.rollout, cfg.data, seed=0, validate=True)
-            traj = await parts.agent.run_one(task_sample(task), sp)
+            traj = (await parts.agent.run_one(task_sample(task), sp))[-1]
         finally:
             close = getattr(parts.engine, "close", None)
             if close is not None:

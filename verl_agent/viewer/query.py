@@ -13,7 +13,8 @@ from verl_agent.viewer.jsonl import JsonlIndex
 __all__ = ["TRUNCATED_STOPS", "Filter", "facets", "select"]
 
 # Stop reasons that cut an episode short (Gymnasium's "truncated", as opposed to terminated).
-TRUNCATED_STOPS = frozenset({"response_budget", "engine_length", "max_assistant_turns", "max_user_turns"})
+TRUNCATED_STOPS = frozenset({"response_budget", "engine_length", "max_assistant_turns", "max_user_turns",
+                             "max_tokens_per_turn", "max_total_tokens", "max_context_length"})
 
 
 @dataclass

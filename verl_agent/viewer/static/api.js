@@ -3,7 +3,8 @@
 // verl_agent/viewer/query.py; keep the two in step.
 "use strict";
 
-const TRUNCATED_STOPS = new Set(["response_budget", "engine_length", "max_assistant_turns", "max_user_turns"]);
+const TRUNCATED_STOPS = new Set(["response_budget", "engine_length", "max_assistant_turns", "max_user_turns",
+  "max_tokens_per_turn", "max_total_tokens", "max_context_length"]);
 
 class ApiError extends Error {}
 

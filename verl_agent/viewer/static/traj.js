@@ -28,6 +28,7 @@ function renderHeader(rec) {
     h("span", { class: "uid" }, rec.uid),
     h("span", { class: "reward" }, `reward ${fmt(rec.reward)}`), outcomeBadge(rec),
     h("span", { class: "stop" }, `stop: ${rec.stop_reason}`),
+    segmentOf(rec) ? h("span", { class: "badge segment" }, `segment ${segmentOf(rec).k + 1} of ${segmentOf(rec).n}`) : null,
     h("span", {}, `policy v${rec.policy_version ?? "?"}`),
     rec._line ? h("span", { class: "muted" }, `line ${rec._line}`) : null,
     rec.error ? h("div", { class: "error" }, `error: ${rec.error}`) : null);
@@ -42,15 +43,27 @@ function toolCallEl(call) {
     h("pre", { class: "tool-args" }, args));
 }
 
+// {k, n} when the episode's context was rewritten (rec is segment k of n: rollout/context.py), else null.
+function segmentOf(rec) {
+  const m = rec.metrics || {};
+  return m.num_segments > 1 ? { k: m.segment || 0, n: m.num_segments } : null;
+}
+
 function renderConversation(rec) {
   const turns = rec.turns || [];
   let assistantSeen = 0;
   const box = h("div", { class: "conversation" });
+  const seg = segmentOf(rec);
+  if (seg && seg.k > 0) box.appendChild(h("div", { class: "msg rewrite-line" },
+    `context rewritten: segment ${seg.k + 1} of ${seg.n} starts from the history below (${(rec.prompt_ids || []).length} ` +
+    "prompt tokens); earlier turns are in the episode's other segments (same uid)"));
   for (const m of rec.messages || []) {
     let label = m.role, cls = `msg role-${m.role}`, extra = null;
     if (m.role === "assistant") {
       const t = turns[assistantSeen];
-      extra = t ? h("span", { class: "turn-info" }, `turn ${assistantSeen + 1} · score ${fmt(t.score)} · ` +
+      // what the model saw when it wrote this turn: the prompt and the response up to the turn's first token
+      const saw = t ? (rec.prompt_ids || []).length + t.gen_start : 0;
+      extra = t ? h("span", { class: "turn-info" }, `turn ${assistantSeen + 1} · saw ${saw} tokens · score ${fmt(t.score)} · ` +
         `gen ${fmt(t.gen_seconds, 2)} s` + (t.num_tool_calls ? ` · tools ${fmt(t.tool_seconds, 2)} s` : "")) : null;
       assistantSeen += 1;
     } else if (m.role === "tool") {
@@ -64,7 +77,8 @@ function renderConversation(rec) {
       m.content ? h("pre", { class: "content" }, m.content) : null,
       (m.tool_calls || []).map(toolCallEl)));
   }
-  box.appendChild(h("div", { class: "msg stop-line" }, `stop reason: ${rec.stop_reason}`));
+  box.appendChild(h("div", { class: "msg stop-line" }, `stop reason: ${rec.stop_reason}` +
+    (rec.stop_reason === "context_rewrite" && seg ? ` (the episode goes on in segment ${seg.k + 2} of ${seg.n})` : "")));
   return box;
 }
 
