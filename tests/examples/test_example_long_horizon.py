@@ -8,16 +8,17 @@ before the exit; with `drop_observations` it reaches the exit in several segment
 from __future__ import annotations
 
 import re
-import sys
 
-from example_helpers import EXAMPLES, assert_data_reproducible, example_config, rollout, scripted_engine, val_samples
+from example_helpers import (EXAMPLES, assert_data_reproducible, example_config, load_module, rollout,
+                             scripted_engine, val_samples)
 
 NAME = "long_horizon"
-sys.path.insert(0, str(EXAMPLES / NAME))
 
 
 def test_make_data_reproduces_shipped_files(tmp_path):
-    from make_data import TEST_CODES, TRAIN_CODES
+    # loaded from its path: other examples (turn_credit) have a make_data module of their own
+    make_data = load_module(EXAMPLES / NAME / "make_data.py")
+    TEST_CODES, TRAIN_CODES = make_data.TEST_CODES, make_data.TRAIN_CODES
 
     assert_data_reproducible(NAME, tmp_path)
     assert not set(TEST_CODES) & set(TRAIN_CODES) and len(TEST_CODES) == 18
