@@ -8,6 +8,7 @@ the tiny model) and its step records carry per-token advantages that are constan
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -16,12 +17,18 @@ import sys
 import tempfile
 
 import pytest
-from example_helpers import EXAMPLES, assert_data_reproducible, example_config
+from example_helpers import EXAMPLES, assert_data_reproducible, example_config, load_module
 
 from verl_agent.trainer.loop import train
 
 NAME = "turn_credit"
 sys.path.insert(0, str(EXAMPLES / NAME))
+
+
+@functools.cache
+def example_module(stem: str):
+    """One of the example's scripts, loaded by path: other examples have a make_data or warm_start too."""
+    return load_module(EXAMPLES / NAME / f"{stem}.py")
 
 
 def play(env, secrets, policy) -> float:
@@ -50,7 +57,8 @@ def test_make_data_reproduces_shipped_files(tmp_path):
 
 def test_interaction_yaml_plays_the_game_of_make_data():
     import yaml
-    from make_data import GUESSES, HIGH, LOW, ROUNDS
+    md = example_module("make_data")
+    GUESSES, HIGH, LOW, ROUNDS = md.GUESSES, md.HIGH, md.LOW, md.ROUNDS
 
     kwargs = yaml.safe_load((EXAMPLES / NAME / "interaction.yaml").read_text())["interaction"][0]["config"]["env_kwargs"]
     assert (kwargs["low"], kwargs["high"], kwargs["max_guesses"], kwargs["rounds"]) == (LOW, HIGH, GUESSES, ROUNDS)
@@ -120,7 +128,7 @@ def test_four_round_match_of_the_example():
     """The shipped game: 4 rounds of 1..7 in 3 guesses, shaping 0.08; success (reward >= 1) = all 4 rounds won."""
     import yaml
     from guess_env import HiLoGame
-    from make_data import evaluation_matches
+    evaluation_matches = example_module("make_data").evaluation_matches
 
     kwargs = yaml.safe_load((EXAMPLES / NAME / "interaction.yaml").read_text())["interaction"][0]["config"]["env_kwargs"]
     env = HiLoGame(**kwargs)
@@ -146,7 +154,7 @@ def test_each_trajectory_draws_its_own_secrets_and_evaluation_matches_stay_fixed
 
     import yaml
     from guess_env import HiLoGame
-    from make_data import evaluation_matches
+    evaluation_matches = example_module("make_data").evaluation_matches
 
     from verl_agent.interactions.gym import GymInteraction
 
@@ -170,7 +178,7 @@ def test_each_trajectory_draws_its_own_secrets_and_evaluation_matches_stay_fixed
 
 
 def test_warm_start_builds_and_caches(tmp_path):
-    import warm_start as ws  # the example's folder is on sys.path (above)
+    ws = example_module("warm_start")
 
     w = ws.WarmStart(n_games=16, steps=3, batch_size=4)
     path = ws.warm_start(w, cache=tmp_path)
