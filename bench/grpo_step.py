@@ -6,12 +6,16 @@
   python bench/grpo_step.py --shape 7b --no-trl --lora-rank 32 --full-too
                                                          # LoRA r=32 on all linear layers, engine awake, and the
                                                          # full fine-tune in the same run (ratio of warm steps)
+  python bench/grpo_step.py --shape 7b --no-trl --lora-rank 32 --full-too \
+      --full-set actor_rollout_ref.model.dtype=bfloat16 actor_rollout_ref.rollout.free_cache_engine=true \
+      --lora-set actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192   # each run its own settings
   python bench/grpo_step.py --shape 14b --no-trl --lora-rank 32   # Qwen2.5-14B's shape: LoRA on one GPU
 
 Shapes: 0.5b, 7b, 14b and 32b are Qwen2-0.5B / Qwen2-7B / Qwen2.5-14B / Qwen2.5-32B configurations with
 random weights (bf16 on disk; 32b needs ~66 GB of disk: --model-dir) and a
 character-level tokenizer of the same vocabulary size (`char_tokenizer`), so a prompt of 128 letters is
-128 tokens (plus the chat template's ~45) on both sides. Both trainers: 8 prompts x 8 samples, 256 new
+128 tokens (plus the chat template's ~45) on both sides; one engine KV slot holds prompt + response
+(rollout.max_model_len). Both trainers: 8 prompts x 8 samples, 256 new
 tokens, temperature 1, fp32 master weights with bf16 compute, gradient checkpointing, no KL (beta 0).
 
 Our side runs through the public API only: `load_config(path, overrides)` -> `train(cfg)` -> the
@@ -41,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -198,8 +203,8 @@ def lora_overrides(rank: int, targets: list[str] | None) -> list[str]:
             f"actor_rollout_ref.model.target_modules={target}", "actor_rollout_ref.rollout.free_cache_engine=false"]
 
 
-def run_ours(args, model_dir: Path | None, work: Path, lora_rank: int = 0) -> dict:
-    """Our trainer through train(cfg); per-phase seconds from the history."""
+def run_ours(args, model_dir: Path | None, work: Path, lora_rank: int = 0, extra: Sequence[str] = ()) -> dict:
+    """Our trainer through train(cfg); per-phase seconds from the history. `extra`: overrides after --set."""
     from verl_agent.config import load_config
     from verl_agent.trainer.loop import train
 
@@ -210,12 +215,15 @@ def run_ours(args, model_dir: Path | None, work: Path, lora_rank: int = 0) -> di
     if args.profile_step:
         common.append(f"trainer.profile_steps=[{args.profile_step}]")
     if args.shape == "tiny":
-        cfg = load_config("examples/calculator/config.yaml", common + ["data.val_files=[]"] + args.set)
+        cfg = load_config("examples/calculator/config.yaml", common + ["data.val_files=[]"] + args.set + list(extra))
     else:
         data = write_prompts(work / "prompts.jsonl", args.prompts * args.steps, args.prompt_len)
         cfg = load_config(None, common + [
             f"data.train_files=[{data}]", f"data.train_batch_size={args.prompts}",
             f"data.max_prompt_length={args.prompt_len + 64}", f"data.max_response_length={args.new_tokens}",
+            # one KV slot holds a whole sequence of this workload (the default, 4096 tokens, would give the
+            # engine a fraction of the slots the batch needs wherever the KV budget is small)
+            f"actor_rollout_ref.rollout.max_model_len={args.prompt_len + 64 + args.new_tokens}",
             f"data.reward_fn={Path(__file__).resolve()}:bench_reward",
             f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.dtype=float32",
             "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.rollout.dtype=bfloat16",
@@ -223,7 +231,7 @@ def run_ours(args, model_dir: Path | None, work: Path, lora_rank: int = 0) -> di
             f"actor_rollout_ref.rollout.max_batch_size={args.prompts * args.gens}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}", "actor_rollout_ref.actor.optim.lr=1e-6",
             f"trainer.n_gpus_per_node={int(args.device == 'cuda')}", "trainer.save_freq=-1",
-        ] + args.set)
+        ] + args.set + list(extra))
     t0 = time.perf_counter()
     error, export_ok, workers = None, False, []
     with Peaks(gpu=args.device == "cuda") as peaks:
@@ -401,6 +409,8 @@ def main() -> None:
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     p.add_argument("--target-modules", nargs="*", default=None, help="LoRA target modules (default all-linear)")
     p.add_argument("--full-too", action="store_true", help="with --lora-rank: the full fine-tune first, same run")
+    p.add_argument("--full-set", nargs="*", default=[], help="overrides of the --full-too run only (after --set)")
+    p.add_argument("--lora-set", nargs="*", default=[], help="overrides of the LoRA run only (after --set)")
     args = p.parse_args()
     args.device = args.device or ("cpu" if args.shape == "tiny" else "cuda")
     args.device_name = _device_name(args.device)
@@ -411,8 +421,8 @@ def main() -> None:
         model_dir = build_model_dir(args.shape, args.model_dir or work, args.device) if args.shape in SHAPES else None
         use_trl = not args.no_trl and args.shape in SHAPES
         trl = _try_trl(args, model_dir, work) if use_trl and args.trl_first else None
-        full = run_ours(args, model_dir, work) if args.full_too and args.lora_rank else None
-        ours = run_ours(args, model_dir, work, args.lora_rank)
+        full = run_ours(args, model_dir, work, extra=args.full_set) if args.full_too and args.lora_rank else None
+        ours = run_ours(args, model_dir, work, args.lora_rank, extra=args.lora_set)
         if use_trl and not args.trl_first:
             trl = _try_trl(args, model_dir, work)
         result = report(args, ours, trl, full)

@@ -8,6 +8,7 @@ last test), a real HFEngine replica per rank.
 
 from __future__ import annotations
 
+import math
 import socket
 from pathlib import Path
 
@@ -259,3 +260,30 @@ def test_engine_reads_the_trainers_base_on_one_rank(make_cfg, tiny_model_path, o
         assert all(engine[n].data_ptr() == t.data_ptr() for n, t in base.items())
     finally:
         host.close()
+
+
+@pytest.mark.slow
+def test_lora_leaves_async_partial_rollouts_openai_agents_turn_credit_and_the_viewer_as_they_are(
+        ray_cluster, make_cfg, tmp_path):
+    """LoRA on, everything else unchanged: the async mode with partial rollouts (max_staleness 1), an agent
+    written on the `openai` SDK (examples/openai_agent) through the recording endpoint, the grpo_turn
+    estimator, and the run read back by the viewer. Every sync moves the adapters alone."""
+    from verl_agent.trainer.loop import train
+    from verl_agent.viewer.run import Run
+
+    run = tmp_path / "run"
+    result = train(make_cfg(*LORA, "trainer.mode=async", "trainer.max_staleness=1", "trainer.partial_rollout=true",
+                            "actor_rollout_ref.rollout.agent.entrypoint=examples/openai_agent/agent.py:run_agent",
+                            "algorithm.adv_estimator=grpo_turn", "trainer.total_training_steps=3",
+                            "data.max_response_length=48", "data.val_files=[]", run_dir=run))
+    hist = result.history
+    assert len(hist) == 3 and all(math.isfinite(h["actor/pg_loss"]) for h in hist)
+    adapters = result.workers[0]["trainable_parameters"]
+    assert 0 < adapters and [h["perf/weight_sync_bytes"] for h in hist[1:]] == [adapters * 4] * 2  # fp32, no base
+    assert [h["rollout/policy_lag/max"] for h in hist] == [0.0, 1.0, 1.0]  # async: one version behind
+    assert sum(h["rollout/num_trajectories"] for h in hist) == 3 * 4 * 4  # 4 prompts x n=4, none lost
+    viewer = Run(run)
+    steps = [f for f in viewer.files() if f["kind"] == "train"]
+    assert [f["step"] for f in steps] == [1, 2, 3]
+    record = viewer.record(steps[-1]["id"], 0)
+    assert len(record["advantages"]) == len(record["response_ids"]) == len(record["response_tokens"]) > 0
