@@ -151,7 +151,8 @@ def estimate(shape: ModelShape, tokens: int, *, param_bytes: int = 4, act_bytes:
     gathered = 0 if world == 1 else (1 - 1 / world) * (2 * layer_params + shape.vocab * shape.hidden)
     rows = tokens if response_rows is None else min(response_rows, tokens)
     if fused_head:  # forward's chunk freed; backward: log p, p, the gradient and the entropy term's three
-        logits = 6 * min(rows, chunk_rows) * shape.vocab * 4 + shape.vocab * shape.hidden * 4  # [chunk, vocab] fp32
+        head_grad = shape.vocab * shape.hidden * 4 if trainable is None else 0  # LoRA: the head is frozen
+        logits = 6 * min(rows, chunk_rows) * shape.vocab * 4 + head_grad  # [chunk, vocab] fp32
     else:  # the model's own logits for every token, then fp32 log-softmax of the response rows
         logits = tokens * shape.vocab * act_bytes + 3 * rows * shape.vocab * 4
     weights = (1 + extra_models) * shard * param_bytes + gathered * param_bytes
