@@ -125,3 +125,22 @@ def test_an_arena_keeps_its_addresses_and_gives_its_pages_back():
     assert x.data_ptr() == ptr and float(x.abs().sum()) == 0.0
     with pytest.raises(arena.ArenaError, match="no room for 4194304 more"):
         a.carve((1 << 20,), torch.float32)
+
+
+def test_a_cuda_runner_without_a_given_capture_records_graphs_each_drop_in_a_new_pool(monkeypatch):
+    """The production path (no capture seam, cuda_graphs on, a CUDA model): the runner records its decode steps,
+    and dropping the graphs (LoRA adapters installed) moves it to a new private pool. The two CUDA calls are
+    stand-ins here (no GPU); the model is a stand-in whose only parameter says it lives on CUDA."""
+    from types import SimpleNamespace
+
+    pools = iter(range(100))
+    monkeypatch.setattr(model_runner.torch.cuda, "graph_pool_handle", lambda: next(pools))
+    monkeypatch.setattr(model_runner, "cuda_graph_capture", lambda pool: f"capture into pool {pool}")
+    param = SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16)
+    model = SimpleNamespace(parameters=lambda: iter([param]))
+    runner = model_runner.ModelRunner(model, budget=None, pad_id=0, cache_kw="past_key_values", cuda_graphs=True)
+    assert runner.cuda_graphs and runner.capture == "capture into pool 0"
+    runner.drop_graphs()
+    assert runner.cuda_graphs and runner.capture == "capture into pool 1" and runner.graphs == {}
+    off = model_runner.ModelRunner(model, budget=None, pad_id=0, cache_kw="past_key_values", cuda_graphs=False)
+    assert not off.cuda_graphs and off.capture is None

@@ -59,6 +59,18 @@ def cuda_graph_capture(pool: Any) -> GraphCapture:
     return capture
 
 
+def capture_factory(capture: GraphCapture | None, cuda_graphs: bool, device: torch.device
+                    ) -> Callable[[], GraphCapture] | None:  # fmt: skip
+    """What records decode graphs, made anew each time the graphs are dropped: a caller's `capture` (a CPU
+    stand-in in tests), else on CUDA a fresh private memory pool (a pool whose graphs are all gone cannot be
+    captured into again); None: decode eagerly."""
+    if capture is not None:
+        return lambda: capture
+    if cuda_graphs and device.type == "cuda":
+        return lambda: cuda_graph_capture(torch.cuda.graph_pool_handle())
+    return None
+
+
 class ModelRunner:
     def __init__(
         self, model: Any, budget: KVBudget, pad_id: int, cache_kw: str, cuda_graphs: bool, compile_decode: bool = False,
@@ -67,12 +79,9 @@ class ModelRunner:
         self.model, self.budget, self.pad_id, self.cache_kw = model, budget, pad_id, cache_kw
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        # a private graph pool whose graphs are all gone cannot be captured into again: dropping the graphs
-        # starts a new pool (drop_graphs)
-        self._new_capture = (lambda: cuda_graph_capture(torch.cuda.graph_pool_handle())) if (
-            capture is None and cuda_graphs and self.device.type == "cuda") else None
-        self.capture = self._new_capture() if self._new_capture else capture
-        self.cuda_graphs = capture is not None  # decode steps are recorded and replayed
+        self._new_capture = capture_factory(capture, cuda_graphs, self.device)
+        self.capture = self._new_capture() if self._new_capture else None
+        self.cuda_graphs = self.capture is not None  # decode steps are recorded and replayed
         self.fixed_weights = False  # the engine keeps the weights at fixed addresses across sleep (arena.py)
         # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
         # dozens a layer, each a kernel of its own even inside a CUDA graph). Decode steps only: their shapes
