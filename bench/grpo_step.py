@@ -14,8 +14,7 @@
 Shapes: 0.5b, 7b, 14b and 32b are Qwen2-0.5B / Qwen2-7B / Qwen2.5-14B / Qwen2.5-32B configurations with
 random weights (bf16 on disk; 32b needs ~66 GB of disk: --model-dir) and a
 character-level tokenizer of the same vocabulary size (`char_tokenizer`), so a prompt of 128 letters is
-128 tokens (plus the chat template's ~45) on both sides; one engine KV slot holds prompt + response
-(rollout.max_model_len). Both trainers: 8 prompts x 8 samples, 256 new
+128 tokens (plus the chat template's ~45) on both sides. Both trainers: 8 prompts x 8 samples, 256 new
 tokens, temperature 1, fp32 master weights with bf16 compute, gradient checkpointing, no KL (beta 0).
 
 Our side runs through the public API only: `load_config(path, overrides)` -> `train(cfg)` -> the
@@ -221,9 +220,6 @@ def run_ours(args, model_dir: Path | None, work: Path, lora_rank: int = 0, extra
         cfg = load_config(None, common + [
             f"data.train_files=[{data}]", f"data.train_batch_size={args.prompts}",
             f"data.max_prompt_length={args.prompt_len + 64}", f"data.max_response_length={args.new_tokens}",
-            # one KV slot holds a whole sequence of this workload (the default, 4096 tokens, would give the
-            # engine a fraction of the slots the batch needs wherever the KV budget is small)
-            f"actor_rollout_ref.rollout.max_model_len={args.prompt_len + 64 + args.new_tokens}",
             f"data.reward_fn={Path(__file__).resolve()}:bench_reward",
             f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.dtype=float32",
             "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.rollout.dtype=bfloat16",

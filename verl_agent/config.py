@@ -356,7 +356,8 @@ class RolloutConfig(Section):
     max_num_batched_tokens: int = Field(_HF.max_num_batched_tokens, ge=1, description="hf engine: prompt tokens "
                                         "per prefill chunk")
     max_model_len: int | None = Field(_HF.max_model_len, ge=2, description="hf engine: tokens one KV slot holds "
-                                      "(default: the model's limit, at most 4096)")
+                                      "(default: data.max_prompt_length + data.max_response_length, more where "
+                                      "segments restart from a rewritten history; at most the model's limit)")
     prompt_length: int | None = Field(None, description="verl's copy of data.max_prompt_length (must match)")
     response_length: int | None = Field(None, description="verl's copy of data.max_response_length (must match)")
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -575,6 +576,21 @@ class RunConfig(Section):
     def world_size(self) -> int:
         t = self.trainer
         return t.n_gpus_per_node * t.nnodes if t.n_gpus_per_node > 0 else t.num_cpu_workers
+
+    @property
+    def slot_tokens(self) -> int:
+        """Tokens one hf engine KV slot holds: rollout.max_model_len, else the longest stretch of one trajectory
+        the budgets let the engine see at once (verl's default, prompt + response, where nothing rewrites the
+        history; a segment that starts from a rewritten history (a context strategy, or an agent function's
+        history rewrite) may have a prompt up to that long plus a response budget of its own)."""
+        r = self.actor_rollout_ref.rollout
+        if r.max_model_len is not None:
+            return r.max_model_len
+        mt, budget = r.multi_turn, self.data.max_prompt_length + self.data.max_response_length
+        longest = max(budget, mt.max_context_length or 0)
+        if mt.context.strategy != "none" or r.agent.entrypoint is not None:
+            longest = max(longest, (mt.max_context_length or budget) + self.data.max_response_length)
+        return longest
 
     @model_validator(mode="after")
     def _refuse_unimplemented(self) -> RunConfig:

@@ -170,6 +170,31 @@ def test_calculator_example_runs_within_its_estimate(ray_cluster, tiny_model_pat
     assert abs(est / measured - 1) <= 0.25, (measured / 2**30, est / 2**30)
 
 
+def test_a_slot_holds_what_the_budgets_let_one_segment_reach(tiny_model_path):
+    """rollout.max_model_len unset: prompt + response budget (verl's default), the context cap where it is
+    larger, one more response budget where a segment restarts from a rewritten history (a context strategy, an
+    agent function); the model's limit caps it; the engine the trainer builds gets exactly that."""
+    import asyncio
+
+    from verl_agent.rollout.build import build_rollout
+
+    calc = REPO / "examples/calculator/config.yaml"  # 256 + 96
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    assert load_config(calc).slot_tokens == 352
+    assert load_config(calc, [f"{mt}.max_context_length=1000"]).slot_tokens == 1000
+    assert load_config(calc, [f"{mt}.max_context_length=1000", f"{mt}.context.strategy=drop_observations"]
+                       ).slot_tokens == 1000 + 96
+    agent = "actor_rollout_ref.rollout.agent.entrypoint=examples/openai_agent/agent.py:run_agent"
+    assert load_config(calc, [agent]).slot_tokens == 352 + 96
+    assert load_config(calc, ["actor_rollout_ref.rollout.max_model_len=300"]).slot_tokens == 300
+    assert memory.longest_sequence(load_config(calc), type("Config", (), {"max_position_embeddings": 320})()) == 320
+    parts = build_rollout(load_config(calc, [f"actor_rollout_ref.model.path={tiny_model_path}"]), device="cpu")
+    try:
+        assert parts.engine.metrics()["engine/kv_tokens_per_slot"] == 352
+    finally:
+        asyncio.run(parts.engine.close())
+
+
 def test_trained_length_is_the_data_budget_and_a_sleeping_gpu_engine_leaves_the_update_its_weights():
     """A step trains on at most prompt + response budget tokens (a slot may be longer); on a GPU a sleeping
     engine has dropped its weights during the update, so they are not counted there (on CPU they are)."""

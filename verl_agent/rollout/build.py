@@ -206,7 +206,8 @@ def build_rollout(cfg: RunConfig, model: Any = None, device: str | None = None, 
     import_external_lib(arr.model)
     model = model if model is not None else resolve_model_path(arr.model.path)
     # gated, so that a trainer can pause generation between turns to swap weights (rollout/stream.py)
-    engine = PausableEngine(build_engine(arr.rollout, model, device or pick_device(cfg.trainer), seed, own_server,
+    rollout = arr.rollout.model_copy(update={"max_model_len": cfg.slot_tokens})  # capped by the model's limit
+    engine = PausableEngine(build_engine(rollout, model, device or pick_device(cfg.trainer), seed, own_server,
                                          kv_cache_bytes))
     tokenizer = load_tokenizer(arr.model)
     reward_fn = build_reward(cfg.data, cfg.custom_reward_function, cfg.reward_model)

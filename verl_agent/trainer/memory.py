@@ -227,9 +227,9 @@ def _fusable_head(model: nn.Module) -> bool:
 
 
 def longest_sequence(cfg: Any, config: Any) -> int:
-    """Tokens of one engine slot (rollout.max_model_len, default the model's limit, at most 4096)."""
+    """Tokens of one engine slot (`RunConfig.slot_tokens`, at most the model's limit)."""
     limit = int(getattr(config, "max_position_embeddings", None) or 4096)
-    return min(cfg.actor_rollout_ref.rollout.max_model_len or min(limit, 4096), limit)
+    return min(cfg.slot_tokens, limit)
 
 
 def longest_trained(cfg: Any, config: Any) -> int:
