@@ -275,12 +275,14 @@ def test_lora_leaves_async_partial_rollouts_openai_agents_turn_credit_and_the_vi
     result = train(make_cfg(*LORA, "trainer.mode=async", "trainer.max_staleness=1", "trainer.partial_rollout=true",
                             "actor_rollout_ref.rollout.agent.entrypoint=examples/openai_agent/agent.py:run_agent",
                             "algorithm.adv_estimator=grpo_turn", "trainer.total_training_steps=3",
-                            "data.max_response_length=48", "data.val_files=[]", run_dir=run))
+                            "data.max_response_length=48", "data.val_files=[]", "trainer.num_cpu_workers=1",
+                            run_dir=run))
     hist = result.history
     assert len(hist) == 3 and all(math.isfinite(h["actor/pg_loss"]) for h in hist)
     adapters = result.workers[0]["trainable_parameters"]
     assert 0 < adapters and [h["perf/weight_sync_bytes"] for h in hist[1:]] == [adapters * 4] * 2  # fp32, no base
-    assert [h["rollout/policy_lag/max"] for h in hist] == [0.0, 1.0, 1.0]  # async: one version behind
+    lags = [h["rollout/policy_lag/max"] for h in hist]
+    assert lags[:2] == [0.0, 1.0] and max(lags) == 1.0  # async: batch 2 started under the first weights
     assert sum(h["rollout/num_trajectories"] for h in hist) == 3 * 4 * 4  # 4 prompts x n=4, none lost
     viewer = Run(run)
     steps = [f for f in viewer.files() if f["kind"] == "train"]

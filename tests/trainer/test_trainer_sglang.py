@@ -57,7 +57,7 @@ def test_sync_makes_each_sglang_server_match_its_actor(ray_cluster, sglang_cfg, 
 def test_one_grpo_step_with_sglang_rollouts(ray_cluster, sglang_cfg):
     result = train(sglang_cfg("data.val_files=[]", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
                               "actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.max_response_length=48",
-                              "trainer.total_training_steps=1"))
+                              "trainer.total_training_steps=1", "trainer.num_cpu_workers=1"))  # 2 ranks: above
     step = result.history[0]
     assert step["rollout/num_trajectories"] == 4 and step["rollout/infra_failed"] == 0.0
     assert math.isfinite(step["actor/pg_loss"]) and step["time/weight_sync_worker"] >= 0
