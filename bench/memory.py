@@ -129,6 +129,7 @@ class Peaks:
     tree: int = 0
     per_pid: dict[int, int] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
+    hwm: dict[int, int] = field(default_factory=dict)  # the kernel's own peak RSS (VmHWM): no sample missed
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -150,8 +151,17 @@ class Peaks:
                 if value > self.per_pid.get(pid, 0):
                     self.per_pid[pid] = value
                     self.names.setdefault(pid, _cmdline(pid))
+                self.hwm[pid] = max(self.hwm.get(pid, 0), _hwm(pid))
             if self._stop.wait(self.period):
                 return
+
+
+def _hwm(pid: int) -> int:
+    try:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0
 
 
 def _cmdline(pid: int) -> str:

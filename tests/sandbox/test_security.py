@@ -355,7 +355,8 @@ def test_many_parallel_runs_race(server, run):
             "print(open('mine.txt').read())")
     with ThreadPoolExecutor(16) as pool:
         outs = list(pool.map(lambda i: run(server, code, stdin=str(i)), range(40)))
-    contained([o["run_result"]["stdout"] for o in outs] == [f"{i}\n" for i in range(40)], outs)
+    # a run that did not finish (its scratch dir taken from under it) has no run_result: that is a race lost too
+    contained([(o["run_result"] or {}).get("stdout") for o in outs] == [f"{i}\n" for i in range(40)], outs)
 
 
 def test_zombies_are_reaped(server, run):

@@ -42,9 +42,9 @@ __all__ = ["MARGIN", "MemoryEstimate", "MemoryPlan", "MemoryPlanError", "ModelSh
 # Share of the device's total memory the plan leaves free: on CPU for the OS, the driver and Ray's own
 # processes and the allocator's slack; on GPU for the caching allocator's fragmentation.
 MARGIN = {"cpu": 0.25, "cuda": 0.08}
-# Host memory the rollout side of a CPU rank takes beyond its tensors, which exist only after the plan: the
-# tokenizer, the agent loop and its trajectories, the engine's threads and their allocator arenas. An allowance,
-# not a model.
+# Host memory the rollout side of a CPU rank takes while it generates, beyond its tensors: the tokenizer, the
+# agent loop and its trajectories, the engine's threads and their allocator arenas. An allowance, not a model;
+# in sync mode it is freed before the update.
 ROLLOUT_RUNTIME = 192 * 2**20
 _GIB = 2**30
 
@@ -255,6 +255,7 @@ class _Inputs:
     kv_share: int  # what rollout.gpu_memory_utilization gives the engine on this device
     engine_sleeps: bool  # the engine frees its KV while the actor trains
     drops_weights: bool = False  # ... and its weights, whose memory the update may use (on a GPU)
+    generates_in_update: bool = False  # the async modes: the engine keeps generating while the actor trains
 
 
 def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Module]) -> _Inputs:
@@ -276,7 +277,7 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
               trainable=sum(p.numel() for p in actor.parameters() if p.requires_grad) if lora else None,
               grad_ckpt=arr.model.enable_gradient_checkpointing, world=world, fused_head=_fusable_head(actor),
               extra_models=(len(loaded) - 1) + int(critic), trained_extra=int(critic),
-              runtime=max(0, now - held) + (0 if cuda or t.placement != "colocated" else ROLLOUT_RUNTIME))
+              runtime=max(0, now - held))
     longest = longest_sequence(cfg, config)
     engine = working = kv_full = kv_share = kv_min = 0
     if t.placement == "colocated" and r.name == "hf":  # sglang servers and split rollout workers size their own
@@ -287,12 +288,14 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
         if lora and engine_shares_base(cfg, device.type, world):  # it reads the actor's base: its adapters only
             engine = sum(p.numel() for p in actor.parameters() if p.requires_grad) * size
         working = engine_working_bytes(shape, slots, r.max_num_batched_tokens, dtype)
+        working += 0 if cuda else ROLLOUT_RUNTIME
         bpt = kv_bytes_per_token(config, dtype)
         kv_full, kv_min = slots * (longest + 1) * bpt, (longest + 1) * bpt
         kv_share = share_budget(engine, shape.vocab, slots, r.gpu_memory_utilization, device, sharers=local)
     sleeps = t.mode == "sync" and r.free_cache_engine
     return _Inputs(shape, kw, now + int(free / local), longest, longest_trained(cfg, config), engine, working,
-                   kv_full, kv_min, kv_share, sleeps, drops_weights=sleeps and cuda)
+                   kv_full, kv_min, kv_share, sleeps, drops_weights=sleeps and cuda,
+                   generates_in_update=t.mode != "sync")
 
 
 def _engine_lora_extra(actor: nn.Module, mode: str) -> int:
@@ -337,13 +340,14 @@ def _kv_budget(p: _Inputs) -> int:
 
 
 def _engine_in_update(p: _Inputs) -> int:
-    """Engine bytes while the actor trains: its weights, and its working memory when it keeps generating. On a
+    """Engine bytes while the actor trains: its weights, and its working memory only when it keeps generating
+    (the async modes); in sync mode the rollout's working memory is freed before the update reuses it. On a
     GPU a sleeping engine has dropped its weights and the caching allocator hands the update's freed blocks
     to the weight sync, so none count (the rollout phase's check in `_kv_budget` counts them); on CPU the
     host's allocator keeps the update's peak until it is trimmed, so the weights count."""
     if p.drops_weights:
         return 0
-    return p.engine_bytes + (0 if p.engine_sleeps else p.engine_transient)
+    return p.engine_bytes + (p.engine_transient if p.generates_in_update else 0)
 
 
 def _largest_fit(p: _Inputs, kv: int, upper: int) -> int:
