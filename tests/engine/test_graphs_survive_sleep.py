@@ -140,7 +140,7 @@ def test_a_cuda_runner_without_a_given_capture_records_graphs_each_drop_in_a_new
     model = SimpleNamespace(parameters=lambda: iter([param]))
     runner = model_runner.ModelRunner(model, budget=None, pad_id=0, cache_kw="past_key_values", cuda_graphs=True)
     assert runner.cuda_graphs and runner.capture == "capture into pool 0"
-    runner.drop_graphs()
+    runner.drop_graphs("a test")
     assert runner.cuda_graphs and runner.capture == "capture into pool 1" and runner.graphs == {}
     off = model_runner.ModelRunner(model, budget=None, pad_id=0, cache_kw="past_key_values", cuda_graphs=False)
     assert not off.cuda_graphs and off.capture is None

@@ -307,8 +307,9 @@ class HFEngine:
         named, adapters = split_adapter_tensors(named)
         if self._stream is not None and adapters:
             torch.cuda.synchronize(self.device)
-        if adapters and apply_adapters(self.model, adapters, self.settings.lora_mode):
-            self._batcher.runner.drop_graphs()  # captured without the adapters' matmuls: capture again
+        if adapters and (installed := apply_adapters(self.model, adapters, self.settings.lora_mode)):
+            # captured without these adapters' matmuls: capture again
+            self._batcher.runner.drop_graphs(f"adapters installed in {installed} layers")
         state = self.model.state_dict()
         unknown = [n for n, _ in named if n not in state]
         if unknown:

@@ -123,12 +123,14 @@ class ModelRunner:
             self.pool.release()
         else:
             self.pool = None
-            self.drop_graphs()
+            self.drop_graphs("the KV pool was freed without fixed addresses")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def drop_graphs(self) -> None:
+    def drop_graphs(self, reason: str) -> None:
         """Forget the recorded decode graphs (each is recorded again on its next use), in a new memory pool."""
+        if self.graphs:  # a recording on a warm step costs time: say why
+            logger.info("dropped %d decode graphs: %s", len(self.graphs), reason)
         self.graphs = {}
         if self._new_capture is not None and self.cuda_graphs:
             self.capture = self._new_capture()
