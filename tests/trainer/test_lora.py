@@ -201,6 +201,22 @@ def test_lora_yaml_on_two_ranks_syncs_adapters_only(ray_cluster, make_cfg, rando
         group.shutdown()
 
 
+def test_fresh_adapters_reach_the_engine_before_the_first_rollout(ray_cluster, make_cfg):
+    """Unmerged adapters are installed at start-up, not at the first sync after step 1: the first decode
+    graphs then hold their matmuls, and the second step records none again."""
+    from verl_agent.engine.lora import LoRALinear
+    from verl_agent.trainer.controller import WorkerGroup
+
+    group = WorkerGroup.create(make_cfg(*LORA, "trainer.num_cpu_workers=1",
+                                        "actor_rollout_ref.rollout.lora_mode=unmerged"))
+    try:
+        installed = group.run(lambda w: sum(isinstance(m, LoRALinear) for m in w.rollout.engine.model.modules()))
+        targets = group.run(lambda w: sum(".lora_A." in n for n, _ in w.policy.actor.named_parameters()))
+        assert installed == targets and targets[0] > 0
+    finally:
+        group.shutdown()
+
+
 def test_reference_pass_then_update_under_gpu_mixed_precision(tiny_model_path, one_rank):
     """The GPU layout (bf16 base, fp32 adapters, FSDP2 bf16 compute with fp32 gradient reduction) on CPU:
     `shard(..., "cuda")` picks that mixed-precision policy (no GPU here). A reference pass, then a backward,

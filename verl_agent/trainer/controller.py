@@ -152,7 +152,9 @@ class WorkerGroup:
             group.info, group.rollout_info = infos[:world], infos[world:]
             group.routes = weight_routes(t.weight_transport, group.info[0], group.rollout_info)
             group._join_weight_group()
-            if cfg.actor_rollout_ref.model.lora_adapter_path:  # the engines start from the base: give them the adapter
+            if cfg.actor_rollout_ref.model.lora_rank > 0:
+                # the engines start from the base: give them the adapters now (lora_adapter_path's, or fresh ones:
+                # unmerged, their matmuls are then in the first decode graphs, which every later step replays)
                 group.sync_weights(version=0)
         except BaseException:  # never leak the workers' CPUs/GPUs to the next run in this cluster
             group.shutdown(graceful=False)
