@@ -49,7 +49,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from roofline import device_peaks, n_params, roofline, roofline_line  # noqa: E402 - bench/ is the script's dir
+from memory import tree_rss  # noqa: E402 - bench/ is the script's dir
+from roofline import device_peaks, n_params, roofline, roofline_line  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = {  # Qwen2-0.5B and Qwen2-7B (config.json of the released models)
@@ -154,31 +155,10 @@ class Peaks:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            rss = _tree_rss(os.getpid())
+            rss = list(tree_rss(os.getpid()).values())
             self.rss, self.rss_one = max(self.rss, sum(rss)), max(self.rss_one, max(rss, default=0))
             if self.gpu:
                 self.gpu_mib = max(self.gpu_mib, _gpu_used_mib())
-
-
-def _tree_rss(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        try:
-            pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        out.append(pages * os.sysconf("SC_PAGE_SIZE"))
-    return out
 
 
 def _gpu_used_mib() -> int:

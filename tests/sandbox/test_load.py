@@ -15,6 +15,7 @@ import uuid
 
 import httpx
 import pytest
+from sandbox_helpers import agent_of, host_pid
 
 from verl_agent.sandbox.backends.base import WorkerPool
 from verl_agent.sandbox.backends.process import ProcessBackend
@@ -185,27 +186,6 @@ def test_overload_every_request_answered_none_lost(server_thread_cls, docker_bac
     assert sorted(lat)[int(len(lat) * 0.99) - 1] < 30.0
 
 
-def _host_pid(marker: str, timeout: float = 20.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
-                    return int(pid)
-            except OSError:
-                pass
-        time.sleep(0.02)
-    raise AssertionError(f"no process with {marker!r}")
-
-
-def _agent_of(pid: int) -> int:
-    while pid > 1:
-        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-        if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"/usr/bin/python3\0-I\0-u\0-c\0"):
-            return pid
-    raise AssertionError("agent not found")
-
-
 def test_killing_a_sandboxs_pid1_is_a_clean_error_and_others_carry_on(docker_server):
     """One client's sandbox loses its PID 1 (SIGKILL from the host) 3 times while two others run:
     the victim gets a clean SandboxError each time, the others all succeed, the pool refills."""
@@ -227,8 +207,8 @@ def test_killing_a_sandboxs_pid1_is_a_clean_error_and_others_carry_on(docker_ser
             for _ in range(3):
                 marker = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 997}"
                 pending = asyncio.ensure_future(client.run_code(f"sleep {marker}", "bash", run_timeout=30))
-                pid = await asyncio.to_thread(_host_pid, f"sleep\0{marker}")
-                os.kill(_agent_of(pid), signal.SIGKILL)
+                pid = await asyncio.to_thread(host_pid, f"sleep\0{marker}")
+                os.kill(agent_of(pid), signal.SIGKILL)
                 victims.append(await pending)
             done.set()
             await asyncio.gather(*loops)

@@ -12,34 +12,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sandbox_helpers import agent_of, host_pid
 
 from verl_agent.sandbox.backends.process import ProcessBackend
 from verl_agent.sandbox.client import ClientLimits, SandboxClient, SandboxUnavailable
 from verl_agent.sandbox.code_reward import score_code
 from verl_agent.sandbox.service import ServiceSettings
 from verl_agent.tools.sandbox_fusion import SandboxFusionTool
-
-
-def _host_pid(marker: str, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
-                    return int(pid)
-            except OSError:
-                pass
-        time.sleep(0.02)
-    raise AssertionError(f"no process with {marker!r}")
-
-
-def _agent_of(pid: int) -> int:
-    """The sandbox agent (``python3 -I -u -c <agent source> /tmp/sandbox ...``) above ``pid``."""
-    while pid > 1:
-        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-        if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"/usr/bin/python3\0-I\0-u\0-c\0"):
-            return pid
-    raise AssertionError("agent not found")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +62,7 @@ def test_crashed_worker_is_replaced_and_reported(process_server, run):
     marker = f"{uuid.uuid4().int % 10**6}.5"
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(run, process_server, f"sleep {marker}", "bash")
-        os.kill(_agent_of(_host_pid(f"sleep\0{marker}")), signal.SIGKILL)  # the sandbox's agent dies mid-run
+        os.kill(agent_of(host_pid(f"sleep\0{marker}")), signal.SIGKILL)  # the sandbox's agent dies mid-run
         out = pending.result()
     assert out["status"] == "SandboxError" and "crashed" in out["message"] and "replaced" in out["message"]
     process_server.wait_idle()
@@ -101,8 +80,8 @@ async def test_a_client_that_keeps_breaking_its_sandbox_is_slowed_down_alone(ser
             for _ in range(2):  # two breaks within burst / rate = 2 s: a crash loop
                 marker = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 997}"
                 pending = asyncio.ensure_future(killer.run_code(f"sleep {marker}", "bash", run_timeout=30))
-                pid = await asyncio.to_thread(_host_pid, f"sleep\0{marker}")
-                os.kill(_agent_of(pid), signal.SIGKILL)
+                pid = await asyncio.to_thread(host_pid, f"sleep\0{marker}")
+                os.kill(agent_of(pid), signal.SIGKILL)
                 out = await pending
                 t_break = time.monotonic()
                 assert out.status.value == "SandboxError" and "crashed" in out.message, out
