@@ -5,6 +5,7 @@
   python bench/rollout.py --gpu --only-gpu --batch 256 --prompt-len 256 --new-tokens 256
   python bench/rollout.py --only-gpu --gpu-rows continuous --batch 128 --new-tokens 128 --seeded   # as the trainer samples
   python bench/rollout.py --only-gpu --gpu-shape 7b --batch 64 --prompt-len 185 --gpu-rows continuous,compiled
+  python bench/rollout.py --only-gpu --gpu-shape 7b --batch 64 --prompt-len 185 --gpu-rows continuous,unfused
 
 Loop overhead: 2-turn calculator conversations on a scripted engine that answers
 instantly, so the figure is the cost of the loop itself (parsing, tools, chat
@@ -76,7 +77,7 @@ def sync(device: torch.device) -> None:
 
 def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repeats: int = 2,
                        per_batch: bool = False, torch_compile: bool = False, stats: dict | None = None,
-                       seeded: bool = False) -> float:
+                       seeded: bool = False, fused_norms: bool = True) -> float:
     """Best generated tokens/s of `repeats` warm calls; `stats` gets the first call's seconds (graph captures,
     compiles) and the warm calls' milliseconds per decode step. per_batch: the baseline, not the hf engine."""
     from baselines import PerBatchEngine
@@ -88,7 +89,8 @@ def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repe
         engine = PerBatchEngine(model, device=device, max_batch_size=batch, stop_on_eos=False)
     else:
         engine = HFEngine(model, device=device, max_num_seqs=batch, stop_on_eos=False, max_model_len=plen + new,
-                          gpu_memory_utilization=0.85, torch_compile=torch_compile)  # fmt: skip
+                          gpu_memory_utilization=0.85, torch_compile=torch_compile,
+                          fused_norms=fused_norms)  # fmt: skip
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab - 1, (plen,), generator=gen).tolist() for _ in range(batch)]
@@ -146,12 +148,14 @@ def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     res: dict[str, float | str] = {"gpu_name": torch.cuda.get_device_name(), "shape": shape}
-    eager, compiled = {}, {}
+    eager, compiled, unfused = {}, {}, {}
     runs = {"generate": ("gpu_generate_static_tok_s", lambda: _raw_generate(model, batch, plen, new, static=True)),
             "continuous": ("gpu_engine_tok_s",
                            lambda: _engine_throughput(model, batch, plen, new, "cuda", stats=eager, seeded=seeded)),
             "compiled": ("gpu_engine_compiled_tok_s", lambda: _engine_throughput(
                 model, batch, plen, new, "cuda", torch_compile=True, stats=compiled)),
+            "unfused": ("gpu_engine_unfused_norms_tok_s", lambda: _engine_throughput(
+                model, batch, plen, new, "cuda", stats=unfused, seeded=seeded, fused_norms=False)),
             "batch": ("gpu_engine_batch_sched_tok_s",
                       lambda: _engine_throughput(model, batch, plen, new, "cuda", per_batch=True))}
     for row in rows.split(","):
@@ -160,6 +164,7 @@ def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,
         print(f"# {key}: {res[key]:,.0f}", file=sys.stderr, flush=True)  # progress, in case a time limit cuts the run
     res.update({f"gpu_engine_{k}": v for k, v in eager.items()})
     res.update({f"gpu_engine_compiled_{k}": v for k, v in compiled.items()})
+    res.update({f"gpu_engine_unfused_norms_{k}": v for k, v in unfused.items()})
     if "gpu_engine_tok_s" in res and "gpu_generate_static_tok_s" in res:
         res["gpu_engine_vs_generate"] = res["gpu_engine_tok_s"] / res["gpu_generate_static_tok_s"]
     return res
@@ -175,7 +180,8 @@ def main() -> None:
     p.add_argument("--trajectories", type=int, default=256, help="loop benchmark: trajectories")
     p.add_argument("--gpu-rows", default="generate,continuous,batch",
                    help="GPU rows: raw static generate, the hf engine ('continuous'), the per-batch baseline "
-                   "('batch') and 'compiled' (the hf engine with torch_compile)")
+                   "('batch'), 'compiled' (the hf engine with torch_compile) and 'unfused' (the hf engine with the "
+                   "model's own RMSNorm forward, fused_norms=False)")
     p.add_argument("--gpu-shape", choices=["0.5b", "7b"], default="0.5b", help="GPU: Qwen2 shape (random weights)")
     p.add_argument("--seeded", action="store_true", help="GPU continuous row: every request seeded, as the trainer "
                    "seeds them (each seeded row draws its own random numbers)")

@@ -23,7 +23,6 @@ from model_helpers import random_qwen2
 from verl_agent.engine import arena, model_runner
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.engine.hf_engine import HFEngine
-from verl_agent.engine.kv_pool import slot_attention_enabled
 
 PROMPTS = [[5 + i + j for j in range(1 + i % 4)] for i in range(10)]  # 10 rows: buckets of 16, then 8 rows
 SP = [SamplingParams(temperature=1.0, max_new_tokens=3 + i, seed=i) for i in range(len(PROMPTS))]
@@ -49,7 +48,7 @@ class AddressCheckedCapture:
         def replay() -> None:
             if self.addresses() != at:
                 raise AssertionError("a recorded step replayed over tensors that moved")
-            with slot_attention_enabled(self.engine.model):  # a CUDA graph replays kernels, not Python
+            with self.engine._batcher.runner.running():  # a CUDA graph replays kernels, not Python
                 out.copy_(step())
 
         return replay, out
@@ -137,7 +136,7 @@ def test_a_cuda_runner_without_a_given_capture_records_graphs_each_drop_in_a_new
     monkeypatch.setattr(model_runner.torch.cuda, "graph_pool_handle", lambda: next(pools))
     monkeypatch.setattr(model_runner, "cuda_graph_capture", lambda pool: f"capture into pool {pool}")
     param = SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16)
-    model = SimpleNamespace(parameters=lambda: iter([param]))
+    model = SimpleNamespace(parameters=lambda: iter([param]), modules=lambda: iter([]))
     runner = model_runner.ModelRunner(model, budget=None, pad_id=0, cache_kw="past_key_values", cuda_graphs=True)
     assert runner.cuda_graphs and runner.capture == "capture into pool 0"
     runner.drop_graphs("a test")

@@ -164,7 +164,7 @@ class HFEngine:
         batcher = ContinuousBatcher(
             self.model, budget, pad_id=_pad_id(self.model, self.vocab_size), cache_kw=_cache_kw(self.model),
             cuda_graphs=s.cuda_graphs, max_num_batched_tokens=s.max_num_batched_tokens, generator=self._generator,
-            compile_decode=s.torch_compile, capture=self._graph_capture,
+            compile_decode=s.torch_compile, fused_norms=s.fused_norms, capture=self._graph_capture,
         )  # fmt: skip
         batcher.runner.fixed_weights = self._params is not None
         return batcher

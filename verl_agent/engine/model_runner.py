@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 
 from verl_agent.engine.arena import make_arena
 from verl_agent.engine.compile_cache import CompileCache, compile_key
+from verl_agent.engine.fused_norms import FusedNorms
 from verl_agent.engine.kv_pool import KVBudget, SlotKVPool, slot_attention_enabled
 
 GraphCapture = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], None], torch.Tensor]]
@@ -74,7 +76,7 @@ def capture_factory(capture: GraphCapture | None, cuda_graphs: bool, device: tor
 class ModelRunner:
     def __init__(
         self, model: Any, budget: KVBudget, pad_id: int, cache_kw: str, cuda_graphs: bool, compile_decode: bool = False,
-        capture: GraphCapture | None = None,
+        fused_norms: bool = True, capture: GraphCapture | None = None,
     ) -> None:  # fmt: skip
         self.model, self.budget, self.pad_id, self.cache_kw = model, budget, pad_id, cache_kw
         param = next(model.parameters())
@@ -83,12 +85,14 @@ class ModelRunner:
         self.capture = self._new_capture() if self._new_capture else None
         self.cuda_graphs = self.capture is not None  # decode steps are recorded and replayed
         self.fixed_weights = False  # the engine keeps the weights at fixed addresses across sleep (arena.py)
+        self.norms = FusedNorms(model) if fused_norms else None
         # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
         # dozens a layer, each a kernel of its own even inside a CUDA graph). Decode steps only: their shapes
         # come from a few buckets; prefill chunks change shape at nearly every call.
         # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes.
         self.decode_model = torch.compile(model, dynamic=None) if compile_decode else model
-        self.compile_cache = CompileCache(compile_key(model.config, self.dtype, self.device)) if compile_decode else None
+        key = compile_key(model.config, self.dtype, self.device) if compile_decode else None
+        self.compile_cache = CompileCache(key) if key else None
         if self.compile_cache is not None:  # earlier runs' compiles of this shape (compile_cache.py)
             self.compile_cache.load()
         self.min_kv = 256 if self.cuda_graphs else 64
@@ -97,6 +101,12 @@ class ModelRunner:
         self.graphs: dict[tuple[int, int], tuple[Callable[[], None], torch.Tensor]] = {}
         self.busy_s = 0.0  # time inside forward + sampling (synchronised by the caller's .tolist())
         self.capture_s, self.captures = 0.0, 0  # graph recordings (once per bucket while addresses hold)
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """The model as the engine runs it: attention over the slot pool, and the fused norms."""
+        with slot_attention_enabled(self.model), (self.norms.active() if self.norms else nullcontext()):
+            yield
 
     # -- memory ---------------------------------------------------------------------------------------
     def ensure_pool(self) -> SlotKVPool:
@@ -176,7 +186,7 @@ class ModelRunner:
         pool.ensure_clean(kv_len)
         mask = self._mask(self.kv_arange[:kv_len][None, None, :] <= dev[1][:, :, None])  # left pads see column 0
         pool.plan(dev[2], kv_len, rows=slots)
-        with slot_attention_enabled(self.model):
+        with self.running():
             return self._forward(dev[0], dev[1], mask).float()
 
     @torch.no_grad()
@@ -187,14 +197,14 @@ class ModelRunner:
         pool.ensure_clean(kv_len)
         self.buf[:, :rows].copy_(torch.tensor([ids, positions, active], dtype=torch.long), non_blocking=True)
         if not self.cuda_graphs:
-            with slot_attention_enabled(self.model):
+            with self.running():
                 out = self._decode_forward(rows, kv_len).float()
             if self.compile_cache is not None:
                 self.compile_cache.saved_if_compiled()
             return out
         graph = self.graphs.get((rows, kv_len)) or self._capture(rows, kv_len)
         if graph is None:
-            with slot_attention_enabled(self.model):
+            with self.running():
                 return self._decode_forward(rows, kv_len).float()
         graph[0]()
         return graph[1].float()
@@ -213,7 +223,7 @@ class ModelRunner:
         assert self.capture is not None
         t0 = time.perf_counter()
         try:
-            with slot_attention_enabled(self.model):
+            with self.running():
                 replay, out = self.capture(lambda: self._decode_forward(rows, kv_len))
         except Exception:
             logger.exception("graph capture of the decode step failed; decoding eagerly from now on")

@@ -37,6 +37,9 @@ class HFEngineSettings:
     torch_compile: torch.compile the decode step's forward (then captured as CUDA graphs on CUDA): fewer,
         fused kernels a layer, for a compile per decode shape on first use; the compiled artifacts are kept
         under $VERL_AGENT_CACHE/compile and loaded by later runs (compile_cache.py).
+    fused_norms: run the model's RMSNorm layers through torch's fused kernel (engine/fused_norms.py): fewer
+        kernels a decode step, the same rounding points as the model's own forward; the engine switches the
+        layers of the model it is given, in place.
     lora_mode: how LoRA adapters sent by `update_weights` apply (engine/lora.py): "merge" into the weights
         (a kept copy of each targeted base weight), or "unmerged" (extra thin matmuls in every forward).
     """
@@ -52,6 +55,7 @@ class HFEngineSettings:
     kv_cache_bytes: int | None = None
     cuda_graphs: bool = True
     torch_compile: bool = False
+    fused_norms: bool = True
     lora_mode: str = "merge"
 
     def __post_init__(self) -> None:
