@@ -152,6 +152,30 @@ async def _graphs_survive_sleep() -> None:
     model(torch.tensor([[5, 6, 7]], device="cuda"))
 
 
+async def _fused_norms_in_bf16() -> None:
+    """bf16 on CUDA, where the fused norm kernel reduces in its own order: the engine with fused norms and
+    with the model's own stay as close to one unpadded forward of the model as each other."""
+    from verl_agent.engine.contract import SamplingParams
+    from verl_agent.engine.hf_engine import HFEngine
+
+    model = _model().to(torch.bfloat16)
+    prompts = [[(11 * i + j) % 1000 + 2 for j in range(4 + 3 * i)] for i in range(6)]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=24, seed=5)
+    gaps = {}
+    for fused in (True, False):
+        engine = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512, fused_norms=fused)
+        outs = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+        await engine.close()
+        gaps[fused] = max(abs(u - v) for p, o in zip(prompts, outs)
+                          for u, v in zip(o.logprobs, _logprobs(model, p, o.token_ids, 1.0)))  # fmt: skip
+    print(f"bf16 log-prob gap to one forward: fused norms {gaps[True]:.4f}, the model's own {gaps[False]:.4f}")
+    assert gaps[True] < 0.1 and gaps[True] <= 2 * gaps[False] + 0.02, gaps
+
+
+def test_fused_norms_stay_as_close_as_the_models_own_in_bf16() -> None:
+    asyncio.run(_fused_norms_in_bf16())
+
+
 def test_graphs_survive_sleep_and_wake() -> None:
     asyncio.run(_graphs_survive_sleep())
 
@@ -168,6 +192,7 @@ if __name__ == "__main__":
     asyncio.run(_graphs_survive_sleep())
     print("GPU graphs survive sleep and wake OK")
     asyncio.run(_compare_continuous())
+    asyncio.run(_fused_norms_in_bf16())
     print("GPU continuous path OK")
     asyncio.run(_decode_beside_training())
     print("GPU decode beside the default stream OK")
