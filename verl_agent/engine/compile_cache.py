@@ -6,7 +6,8 @@ caches (`load_cache_artifacts`); dynamo then still traces, but the lowering, cod
 builds come from the cache. The blob is kept under $VERL_AGENT_CACHE/compile (default
 ~/.cache/verl_agent/compile), one file per key: the model's configuration and dtype, the device kind, the
 versions of torch, transformers and triton, and the engine's own traced source (model_runner.py,
-kv_pool.py, fused_norms.py). Anything else that changes the graphs simply misses in torch's own content-hashed caches.
+kv_pool.py, fused_norms.py). Anything else that changes the graphs simply misses in torch's own
+content-hashed caches.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ class HFEngineSettings:
         fused kernels a layer, for a compile per decode shape on first use; the compiled artifacts are kept
         under $VERL_AGENT_CACHE/compile and loaded by later runs (compile_cache.py).
     fused_norms: run the model's RMSNorm layers through torch's fused kernel (engine/fused_norms.py): fewer
-        kernels a decode step, the same rounding points as the model's own forward; the engine switches the
-        layers of the model it is given, in place.
+        kernels a decode step, the same rounding points as the model's own forward; switched only while the
+        engine runs the model.
     lora_mode: how LoRA adapters sent by `update_weights` apply (engine/lora.py): "merge" into the weights
         (a kept copy of each targeted base weight), or "unmerged" (extra thin matmuls in every forward).
     """
