@@ -1,10 +1,12 @@
-"""``verl-agent tasks run | check | build-bases | reap`` (wired into verl_agent/cli.py).
+"""``verl-agent tasks run | check | build-bases | reap | export | import`` (wired into verl_agent/cli.py).
 
 ``run TASK_DIR --agent oracle|nop|model [--model PATH_OR_URL]`` runs one Harbor task end to end and
 prints a table and one JSON line (reward, outcome, timings). ``check DIR`` runs oracle and nop on
 every task of a folder and lists each task whose oracle does not score 1 or whose nop does not
 score 0 (exit code 1 then). ``build-bases`` builds the offline base images (verl_agent.tasks.bases).
-``reap`` removes task containers left by dead runs on this host.
+``reap`` removes task containers left by dead runs on this host. ``export DIR --out BUNDLE`` writes every
+task image of a folder as one bundle, and ``import BUNDLE`` loads it into the daemonless image store
+(verl_agent.tasks.export).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ __all__ = ["add_cli", "run_cli"]
 
 
 def add_cli(sub: Any) -> None:
-    p = sub.add_parser("tasks", help="Harbor tasks in containers: run, check, build-bases, reap",
+    p = sub.add_parser("tasks", help="Harbor tasks in containers: run, check, build-bases, reap, export, import",
                        description="Harbor-format tasks: one container per trajectory, graded by the task's tests.")
     actions = p.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
     r = actions.add_parser("run", help="run one task end to end and print its reward and timings")
@@ -37,6 +39,15 @@ def add_cli(sub: Any) -> None:
     c.add_argument("--allow-internet", action="store_true", help="run tasks that ask for internet access")
     actions.add_parser("build-bases", help="build the offline base images (debian:bookworm-slim, python:3.12-slim)")
     actions.add_parser("reap", help="remove task containers left behind by dead runs on this host")
+    e = actions.add_parser("export", help="build every task image of a folder and write one bundle for hosts "
+                           "without Docker (images.tar.zst + index.json)")
+    e.add_argument("folder", help="a folder of task directories (searched recursively), or one task directory")
+    e.add_argument("--out", required=True, help="the bundle directory to write")
+    e.add_argument("--level", type=int, default=19, help="zstd level of images.tar.zst (default 19)")
+    i = actions.add_parser("import", help="load a bundle written by `tasks export` into the image store (no Docker)")
+    i.add_argument("bundle_dir", help="a directory holding images.tar.zst and index.json")
+    i.add_argument("--store", default=None, help="the image store (default $VERL_AGENT_IMAGES or "
+                   "~/.cache/verl-agent/images)")
     p.set_defaults(func=run_cli)
 
 
@@ -97,6 +108,50 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from verl_agent.tasks.export import export_tasks
+    from verl_agent.tasks.image import ImageError
+    from verl_agent.tasks.task import TaskError
+
+    try:
+        res = export_tasks(args.folder, args.out, level=args.level)
+    except (ImageError, TaskError) as e:
+        print(f"verl-agent tasks export: error: {e}", file=sys.stderr)
+        return 1
+    names = {e["ref"]: e["tasks"] for e in res["tasks"].values()} | res["images"]
+    print(_table([(ref, f"{len(names[ref])} task(s): {', '.join(names[ref][:3])}{' ...' * (len(names[ref]) > 3)}")
+                  for ref in res["refs"]]))
+    print(f"{res['archive']}: {res['archive_bytes'] / 2**20:.1f} MiB ({res['tar_bytes'] / 2**20:.1f} MiB as tar)")
+    print(json.dumps({"refs": res["refs"], "archive_bytes": res["archive_bytes"], "tar_bytes": res["tar_bytes"],
+                      "build_s": res["build_s"], "save_s": res["save_s"]}))
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from verl_agent.containers.images import ImageStore, ImageStoreError, tree_bytes
+    from verl_agent.tasks.export import import_bundle
+    from verl_agent.tasks.image import ImageError
+
+    store = ImageStore(Path(args.store) if args.store else None)
+    t0 = time.perf_counter()
+    try:
+        refs = import_bundle(Path(args.bundle_dir), store)
+    except (ImageError, ImageStoreError) as e:
+        print(f"verl-agent tasks import: error: {e}", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - t0
+    seen: set = set()
+    sizes = {ref: tree_bytes(store.get(ref).rootfs, seen) for ref in refs}  # type: ignore[union-attr]
+    print(_table([(ref, f"{n / 2**20:.1f} MiB new on disk") for ref, n in sizes.items()]))
+    print(f"store {store.root}: {sum(sizes.values()) / 2**20:.1f} MiB for {len(refs)} image(s) ({seconds:.1f} s)")
+    print(json.dumps({"refs": refs, "store": str(store.root), "bytes": sum(sizes.values()),
+                      "image_bytes": sizes, "seconds": round(seconds, 2)}))
+    return 0
+
+
 def run_cli(args: argparse.Namespace) -> int:
     if args.tasks_command == "run":
         return _run(args)
@@ -113,4 +168,8 @@ def run_cli(args: argparse.Namespace) -> int:
 
         print(f"removed {reap(docker.from_env())} task container(s) of dead runs")
         return 0
+    if args.tasks_command == "export":
+        return _export(args)
+    if args.tasks_command == "import":
+        return _import(args)
     raise SystemExit(f"unknown tasks action {args.tasks_command!r}")
