@@ -162,8 +162,9 @@ def _oci_layout(save_tar: Path, dest: Path) -> None:
                         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(config),
                                    "size": len(config)}, "layers": layers}
             body = json.dumps(manifest).encode()
+            name = f"example.com/{item['RepoTags'][0]}"
             manifests.append({"mediaType": manifest["mediaType"], "digest": put(body), "size": len(body),
-                              "annotations": {"org.opencontainers.image.ref.name": f"example.com/{item['RepoTags'][0]}"}})
+                              "annotations": {"org.opencontainers.image.ref.name": name}})
     (dest / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     (dest / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": manifests}))
 
@@ -365,7 +366,8 @@ def test_whiteouts_opaque_dirs_and_replaced_types(tmp_path):
         _add(tar, "lib/.wh.keep", b"")  # under a symlink: hides nothing below (not a directory there)
 
     archive = _docker_save_archive(tmp_path, [(["hand:made"], [_tar(lower), _tar(upper)], {})])
-    r = ImageStore(tmp_path / "store").get((ImageStore(tmp_path / "store").load_archive(archive))[0]).rootfs  # type: ignore[union-attr]
+    store = ImageStore(tmp_path / "store")
+    r = store.get(store.load_archive(archive)[0]).rootfs  # type: ignore[union-attr]
     assert sorted(os.listdir(r / "a")) == ["new"]
     assert (stat.S_IMODE((r / "a").stat().st_mode), (r / "a").stat().st_uid) == (0o750, 7)
     assert (r / "f_then_dir/inner").read_text() == "i" and (r / "dir_then_f").read_text() == "now a file"
@@ -411,7 +413,7 @@ def test_archive_names_leaving_the_layout_and_damaged_layers_are_refused(tmp_pat
     archive = _docker_save_archive(tmp_path, [(["bad:1"], [layer], {})])
     damaged = archive.read_bytes().replace(b"data", b"DATA")
     archive.write_bytes(damaged)
-    with pytest.raises(ImageStoreError, match=r"layer img0-l0/layer.tar: its content has digest sha256:.*export it again"):
+    with pytest.raises(ImageStoreError, match=r"layer img0-l0/layer.tar: its content has digest sha256:.*again"):
         ImageStore(tmp_path / "s2").load_archive(archive)
     (tmp_path / "not-an-image.tar").write_bytes(_tar(lambda tar: _add(tar, "hello.txt", b"hi")))
     with pytest.raises(ImageStoreError, match=r"neither manifest.json .* nor index.json .*: not an image archive"):

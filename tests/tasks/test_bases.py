@@ -7,6 +7,7 @@ it is, that a second call builds nothing, and that a bad name is refused.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -68,6 +69,31 @@ def test_python_stand_in_is_debians_python_and_says_so(bases):
     labels = subprocess.run(["docker", "image", "inspect", "-f", "{{json .Config.Labels}}", "python:3.12-slim"],
                             capture_output=True, text=True).stdout
     assert '"org.verl-agent.python":"3.11"' in labels and RECIPE_LABEL in labels
+
+
+@pytest.mark.docker
+def test_bases_are_slim_and_share_the_debian_layer(bases):
+    if "foreign" in bases.values():
+        pytest.skip("a base image that is not ours is present")
+
+    def inspect(tag: str, field: str):
+        out = subprocess.run(["docker", "image", "inspect", "-f", f"{{{{json {field}}}}}", tag],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+
+    debian, python = (inspect(t, ".RootFS.Layers") for t in ("debian:bookworm-slim", "python:3.12-slim"))
+    # one flat layer, and python:3.12-slim one layer on top of it: `docker save` of both carries Debian once
+    assert len(debian) == 1 and len(python) == 2 and python[0] == debian[0]
+    assert inspect("debian:bookworm-slim", ".Config.Cmd") == ["bash"]
+    assert inspect("debian:bookworm-slim", ".Size") < 90e6 and inspect("python:3.12-slim", ".Size") < 150e6
+    r = _run("python:3.12-slim", "find /usr/share/doc -type f ! -name copyright | wc -l; find /usr/share/man "
+                                 "/usr/share/info /usr/share/locale /var/lib/apt/lists -mindepth 1 | wc -l; "
+                                 "grep -c '^path-exclude' /etc/dpkg/dpkg.cfg.d/docker; "
+                                 "grep -c '^sandbox:' /etc/passwd; "
+                                 "ls /usr/lib/python3.11/__pycache__ | grep -c 'os.cpython'")
+    # no docs, man/info pages, translations or apt lists, and dpkg keeps later installs so; no sandbox
+    # user; the standard library's byte-code kept (a non-root python3 start would compile it every time)
+    assert r.stdout.split() == ["0", "0", "7", "0", "1"], r.stdout + r.stderr
 
 
 def test_unknown_base_is_refused(capsys):  # before any Docker call

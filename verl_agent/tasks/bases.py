@@ -25,9 +25,9 @@ stay slim too.
     system-wide as in the real image (Debian's PEP 668 marker is removed). The standard library's byte-code
     is kept (14 MB): without it every ``python3`` start as a non-root user, who cannot write it, compiles
     again (``import json, subprocess, pathlib``: 110 ms instead of 35 ms, measured); pip's and setuptools'
-    (13 MB) is dropped, as the real image ships none. The image says what it is: label ``org.verl-agent.python=3.11`` and
-    ``org.verl-agent.stand-in-for=python:3.12-slim``. A task that needs 3.12-only features fails here and
-    needs a real image (``docker load`` it under that tag).
+    (13 MB) is dropped: they run rarely in a task. The image says what it is: label
+    ``org.verl-agent.python=3.11`` and ``org.verl-agent.stand-in-for=python:3.12-slim``. A task that needs
+    3.12-only features fails here and needs a real image (``docker load`` it under that tag).
 
 A public tag is given only where no such image exists locally: a real (or any foreign) image under that
 name is never replaced. One of ours built from an older recipe (its ``org.verl-agent.base-recipe`` label
