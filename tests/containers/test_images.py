@@ -427,3 +427,36 @@ def test_refs_and_task_index(tmp_path):
     assert store.get("nothing:here") is None and store.task_ref("0" * 64) is None
     store.set_task_ref("0" * 64, "docker.io/library/x")
     assert ImageStore(tmp_path / "store").task_ref("0" * 64) == "x:latest"
+
+
+def test_unprivileged_load_keeps_modes_and_skips_owners_and_devices(tmp_path):
+    """Not root (setpriv to nobody): modes kept, files owned by the caller, device nodes left out."""
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a loader as nobody")
+
+    def layer(tar):
+        _add(tar, "ro", type=tarfile.DIRTYPE, mode=0o555)
+        _add(tar, "ro/secret", b"s", mode=0o600, uid=1000, gid=1000)
+        _add(tar, "suid", b"x", mode=0o4755)
+        _add(tar, "null", type=tarfile.CHRTYPE, devmajor=1, devminor=3)
+
+    work = Path(tempfile.mkdtemp(prefix="verl-images-nobody-"))
+    try:
+        os.chmod(work, 0o777)
+        archive = _docker_save_archive(work, [(["nobody:1"], [_tar(layer)], {})])
+        os.chmod(archive, 0o644)
+        code = ("import sys; from verl_agent.containers.images import ImageStore; "
+                "ImageStore(sys.argv[1]).load_archive(sys.argv[2])")
+        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                              code, str(work / "store"), str(archive)], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-1000:]
+        assert "not running as root, so file owners are not kept" in out.stderr
+        r = ImageStore(work / "store").get("nobody:1").rootfs  # type: ignore[union-attr]
+        modes = {n: (stat.S_IMODE((r / n).lstat().st_mode), (r / n).lstat().st_uid)
+                 for n in ("ro", "ro/secret", "suid")}
+        assert modes == {"ro": (0o555, 65534), "ro/secret": (0o600, 65534), "suid": (0o4755, 65534)}
+        assert not (r / "null").exists()
+    finally:
+        shutil.rmtree(work)
