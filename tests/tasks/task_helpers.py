@@ -40,6 +40,9 @@ WORKDIR /app
 USER 10001
 """
 
+# The same world on the slim Python base: small enough to export for the bwrap runtime in a test
+SLIM_DOCKERFILE = DOCKERFILE.replace(f"FROM {BASE_IMAGE}", "FROM python:3.12-slim")
+
 TEST_SH = """\
 #!/bin/bash
 # Harbor's convention: the verifier writes its reward to /logs/verifier/reward.txt

@@ -51,9 +51,9 @@ async def test_verifier_failures_are_infrastructure_not_zero(tmp_path, pool, cas
 async def test_a_dead_container_is_an_infrastructure_failure(count_task, pool):
     task = load_task(count_task)
     box = await pool.acquire(task)
-    pool.client.api.kill(box.id)
+    pool.runtime.client.api.kill(box.id)  # from outside: nothing the agent can do
     with pytest.raises(GradingError) as e:
-        grade(pool.client, box, task)
+        grade(pool.runtime, box, task)
     assert e.value.cause == "container_dead"
     await pool.release(box)
 

@@ -2,7 +2,7 @@
 
 A ``Runtime`` starts a container from an image (``start``), opens shells in it (``open_shell``: a
 persistent ``bash`` whose stdin/stdout/stderr are one stream), interrupts a shell's running command
-(``interrupt``), says whether the container still stands and, if not, whose doing that was
+(``interrupt``) or ends a stuck one (``end_shell``), says whether the container still stands and, if not, whose doing that was
 (``state``), and at the end of an episode stops everything the agent ran (``seal``), lists what the
 agent changed against the image (``changes``), measures its disk (``disk_used``) and runs a verifier
 on the final filesystem where no agent process exists any more (``verify``). ``destroy`` removes a
@@ -163,6 +163,10 @@ class Runtime(ABC):
     def interrupt(self, c: Container, channel: Channel, shell_pid: int, jobs_file: str) -> None:
         """Kill the processes the shell's current command started (the shell's descendants minus the
         background jobs listed, by their in-container pids, in ``jobs_file``) and send the shell SIGUSR1."""
+
+    @abstractmethod
+    def end_shell(self, c: Container, channel: Channel, shell_pid: int) -> None:
+        """Kill a shell that no longer answers (the caller opens a new one)."""
 
     @abstractmethod
     def state(self, c: Container) -> ContainerState:

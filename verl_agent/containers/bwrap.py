@@ -226,9 +226,9 @@ class BwrapRuntime(Runtime):
             argv += ["--cap-drop", "ALL"] + [a for cap in ROOT_CAPS for a in ("--cap-add", f"CAP_{cap}")]
             return argv + ["--"] + command
         # the image's own setpriv drops root: only a root agent could have replaced it, and this one is not
-        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        argv += ["--cap-drop", "ALL"] + [a for cap in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{cap}")]
         return argv + ["--", "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                       "--inh-caps=-all", "--"] + command
+                       "--inh-caps=-all", "--bounding-set=-all", "--"] + command
 
     def _preexec(self, c: Container, spec: ContainerSpec):
         group = self._groups.get(c.id)
@@ -304,6 +304,10 @@ class BwrapRuntime(Runtime):
             frontier = [q for p in frontier for q in tree.get(p, [])]
         _signal([bash], signal.SIGUSR1)
         _signal(targets, signal.SIGKILL)
+
+    def end_shell(self, c: Container, channel: Channel, shell_pid: int) -> None:
+        self._kill_shells(c)  # with its background jobs: they live in its PID namespace
+        channel.sock.close()
 
     # -- the end of an episode ---------------------------------------------------------------
 

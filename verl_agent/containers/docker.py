@@ -247,6 +247,10 @@ class DockerRuntime(Runtime):
     def interrupt(self, c: Container, channel: Channel, shell_pid: int, jobs_file: str) -> None:
         self.exec(c, ["sh", "-c", _KILLER, "killer", str(shell_pid), jobs_file], user=c.user, timeout=10)
 
+    def end_shell(self, c: Container, channel: Channel, shell_pid: int) -> None:
+        self.exec(c, ["kill", "-9", str(shell_pid)], user=c.user, timeout=10)
+        channel.sock.close()
+
     def exec(self, c: Container, argv: list[str], *, user: str = "0", env: dict[str, str] | None = None,
              workdir: str | None = None, timeout: float = 60.0) -> tuple[int | None, str]:  # fmt: skip
         """Run one exec to completion within `timeout` s: (exit code, or None on timeout; output tail)."""

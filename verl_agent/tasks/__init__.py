@@ -2,18 +2,18 @@
 from a warm pool, a persistent bash and a file editor as tools, and rewards from the task's tests.
 
     task.py      read a task directory (task.toml with tomllib, instruction.md), folders, JSONL rows
-    image.py     build environment/Dockerfile offline, once per content hash
-    container.py the container's isolation and labels; the reaper of dead runs' containers
-    pool.py      ContainerPool: warm containers per image, started in threads, destroyed after use
-    shell.py     Shell: one persistent bash over one attached exec socket
-    grading.py   copy tests/ in after the episode, run test.sh, read reward.txt / reward.json
+    image.py     build environment/Dockerfile offline, once per content hash (Docker), or find its rootfs (bwrap)
+    export.py    task image bundles for hosts without Docker: export where Docker runs, import elsewhere
+    pool.py      ContainerPool: warm containers per image from a container runtime (verl_agent.containers)
+    shell.py     Shell: one persistent bash over the one stream the runtime opened
+    grading.py   after the episode: every agent process gone, tamper and disk checks, test.sh, the reward
     env.py       TaskEnvironment: one trajectory's container shared by its tools
     tools.py     bash, str_replace_editor, submit (tool YAML)
     editor.py    the editor's operations
     interaction.py TaskInteraction: the same world for a BaseInteraction (commands in ```bash blocks)
     runner.py    run one task with the oracle, nop or a model agent; check a folder
     ray_pool.py  one pool actor per Ray node, placed by node affinity
-    cli.py       `verl-agent tasks run | check | build-bases | reap`
+    cli.py       `verl-agent tasks run | check | build-bases | reap | export | import`
     bases.py     the offline base images (debian:bookworm-slim, python:3.12-slim stand-ins)
 """
 

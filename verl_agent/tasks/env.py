@@ -25,8 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_agent.containers import AGENT_KILLED, ContainerError
 from verl_agent.tasks.grading import Grade, grade
-from verl_agent.tasks.pool import ContainerError, ContainerPool, TaskContainer
+from verl_agent.tasks.pool import ContainerPool, TaskContainer
 from verl_agent.tasks.shell import ShellError, ShellResult
 from verl_agent.tasks.task import HarborTask, load_task
 
@@ -34,7 +35,7 @@ __all__ = ["POOL_KEYS", "TaskEnvironment", "attach", "close_pool", "detach", "ge
 
 logger = logging.getLogger(__name__)
 
-POOL_KEYS = ("warm", "allow_internet", "max_output_chars", "pool", "max_starting")
+POOL_KEYS = ("warm", "allow_internet", "max_output_chars", "pool", "max_starting", "runtime")
 _pool: Any = None
 _pool_options: dict[str, Any] = {}
 _envs: dict[str, TaskEnvironment] = {}
@@ -44,7 +45,7 @@ _refs: dict[str, int] = {}
 
 def get_pool(**options: Any) -> Any:
     """The process's container pool (made on first use from `options`: warm, allow_internet,
-    max_output_chars, max_starting, pool=local|ray)."""
+    max_output_chars, max_starting, pool=local|ray, runtime=docker|bwrap|auto)."""
     global _pool, _pool_options
     if _pool is None:
         _pool_options = dict(options)
@@ -53,9 +54,11 @@ def get_pool(**options: Any) -> Any:
 
             _pool = NodePoolClient(max_output=int(options.get("max_output_chars", 16000)),
                                    warm=int(options.get("warm", 2)), allow_internet=bool(options.get("allow_internet")),
-                                   max_starting=int(options.get("max_starting", 4)))
+                                   max_starting=int(options.get("max_starting", 4)),
+                                   runtime=str(options.get("runtime", "auto")))
         else:
-            _pool = ContainerPool(warm=int(options.get("warm", 2)), allow_internet=bool(options.get("allow_internet")),
+            _pool = ContainerPool(str(options.get("runtime", "auto")), warm=int(options.get("warm", 2)),
+                                  allow_internet=bool(options.get("allow_internet")),
                                   max_output=int(options.get("max_output_chars", 16000)),
                                   max_starting=int(options.get("max_starting", 4)))
             atexit.register(close_pool)
@@ -94,6 +97,7 @@ class TaskEnvironment:
     submitted: bool = False
     graded: Grade | None = None
     reward_claimed: bool = False
+    ended: str = ""  # why the container ended under the agent (its own doing): no further commands run
     _grading: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -102,6 +106,8 @@ class TaskEnvironment:
 
     def refusal(self) -> str | None:
         """Why no more commands run in this episode, or None."""
+        if self.ended:
+            return f"Error: the container stopped ({self.ended}); no further commands run."
         if self.submitted:
             return "Error: the task was already submitted; no further commands run."
         if self.deadline_left <= 0:
@@ -109,19 +115,22 @@ class TaskEnvironment:
                     "over; no further commands run.")
         return None
 
-    async def run(self, command: str, timeout: float) -> ShellResult:
-        """Run a command in the trajectory's shell within the episode's remaining time; infra errors raise."""
+    async def run(self, command: str, timeout: float, limit: int | None = None) -> ShellResult:
+        """Run a command in the trajectory's shell within the episode's remaining time; infra errors raise.
+        A container the agent ended is the end of its episode (graded 0), not an error."""
         try:
-            return await self.box.shell.run(command, max(0.1, min(timeout, self.deadline_left)))
+            return await self.box.shell.run(command, max(0.1, min(timeout, self.deadline_left)), limit)
         except ShellError as e:
-            raise ContainerError(str(e), "container_dead") from e
+            if e.cause != AGENT_KILLED:
+                raise ContainerError(str(e), e.cause) from e
+            self.ended = str(e)
+            return ShellResult(f"[the container stopped: {e}; the episode ends]", 137)
 
     async def grade(self) -> Grade:
         """Grade once (later calls return the same Grade); GradingError for an infrastructure failure."""
         async with self._grading:
             if self.graded is None:
-                client = self.pool.client_for(self.box) if hasattr(self.pool, "client_for") else self.pool.client
-                self.graded = await asyncio.to_thread(grade, client, self.box, self.task)
+                self.graded = await asyncio.to_thread(grade, self.pool.runtime, self.box, self.task)
             return self.graded
 
 

@@ -1,45 +1,61 @@
-"""Grading a trajectory's container with the task's own tests, after the episode.
+"""Grading a trajectory's container with the task's own tests, after the episode, where the agent cannot reach.
 
-``grade(client, box, task)`` (blocking; call it in a thread):
+``grade(runtime, box, task)`` (blocking; call it in a thread):
 
-1. stops what the agent left running (every process but the container's init and its keeper), so
-   nothing the agent started can touch the verifier's files;
-2. moves aside any ``/tests`` and ``/logs`` the agent made, creates ``/logs/verifier`` and copies
-   ``tests/`` to ``/tests`` (only now: the agent never had it);
-3. runs ``bash /tests/test.sh`` as ``[verifier] user`` (default root) with ``[verifier] env``, in the
-   image's working directory, for at most ``[verifier] timeout_sec``;
-4. reads ``/logs/verifier/reward.txt`` (one number) or ``reward.json`` (``{"reward": x, ...}``: the
+1. **Did the agent end its container?** A container the agent killed (a root agent killing PID 1's
+   keeper, or its memory use) is a 0 charged to the agent (``agent_killed_container``), never an
+   infrastructure failure it could use to erase a bad grade. A container that vanished for any other
+   reason is infrastructure (``container_dead``).
+2. **Nothing of the agent runs at grading time.** ``Runtime.seal`` stops every process of the episode,
+   whatever its uid, and verifies none is left: Docker kills the container (its PID namespace dies with
+   its init) and grades after a restart; bwrap kills the shell's PID namespace and grades in a new one.
+   Chosen over freezing: a frozen process still holds open files and mappings a verifier would share.
+3. **What the verifier runs is the image's.** The verifier runs ``/bin/bash`` and whatever test.sh
+   calls from the image's system directories; a root agent could replace any of them (a trojan
+   ``bash``, a ``sitecustomize.py``). ``Runtime.changes`` lists every path the agent added, changed or
+   deleted; one under ``TRUSTED`` is a 0 charged to the agent (``agent_tampered_system``). Non-root
+   agents cannot write there at all (the documented default for task authors).
+4. **The disk cap is total.** A writable layer over ``storage_mb`` is a 0 charged to the agent
+   (``agent_exceeded_disk``), where the runtime could not cap it while the agent ran.
+5. **The verifier** runs ``/bin/bash /tests/test.sh`` as ``[verifier] user`` (default root) with a fixed
+   environment (``VERIFIER_ENV``: a fixed PATH, a fresh empty HOME, no user site-packages) plus
+   ``[verifier] env``, in the image's working directory, for at most ``[verifier] timeout_sec``, with
+   ``tests/`` copied in root-owned and read-only and a fresh ``/logs/verifier`` writable by the
+   verifier's user only.
+6. It reads ``/logs/verifier/reward.txt`` (one number) or ``reward.json`` (``{"reward": x, ...}``: the
    other numeric keys become metrics).
 
 Infrastructure failures raise ``GradingError`` with a cause, never a 0: ``verifier_timeout``,
-``container_dead`` (the container stopped or vanished: OOM, lifetime, removal), ``docker_error``
-(the daemon refused or failed), ``verifier_error`` (test.sh wrote no readable reward).
+``container_dead``, ``docker_error`` / ``runtime_error`` (the runtime failed), ``verifier_error``
+(test.sh wrote no readable reward).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import secrets
-import socket
-import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from verl_agent.tasks.pool import ContainerError, TaskContainer
+from verl_agent.containers import AGENT_KILLED, ContainerError, Runtime
+from verl_agent.tasks.pool import TaskContainer
 from verl_agent.tasks.task import HarborTask
 
-__all__ = ["Grade", "GradingError", "copy_dir", "grade", "run_exec"]
+__all__ = ["FORFEITS", "TRUSTED", "VERIFIER_ENV", "Grade", "GradingError", "copy_in", "grade", "read_reward",
+           "tampered"]
 
-_STOP_AGENT = r"""
-for d in /proc/[0-9]*; do p=${d#/proc/}
-  case " 1 $$ $KEEP " in *" $p "*) continue;; esac
-  kill -9 "$p" 2>/dev/null
-done; true
-"""
+TAMPERED, DISK = "agent_tampered_system", "agent_exceeded_disk"
+FORFEITS = (AGENT_KILLED, TAMPERED, DISK)  # a 0 charged to the agent, counted by cause
+
+# What a verifier may run from the image: the shells, interpreters and libraries, the loader's
+# configuration, Python's site hooks. Anything of the agent in here voids its grade.
+TRUSTED = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/usr/sbin", "/usr/lib",
+           "/usr/lib32", "/usr/lib64", "/libexec", "/usr/libexec", "/usr/local/bin", "/usr/local/sbin",
+           "/usr/local/lib", "/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ld.so.cache",
+           "/etc/alternatives", "/etc/python3")
+VERIFIER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/logs/home",
+                "LANG": "C.UTF-8", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 class GradingError(ContainerError):
@@ -51,98 +67,19 @@ class Grade:
     reward: float
     metrics: dict[str, float] = field(default_factory=dict)
     exit_code: int = 0
-    output: str = ""  # the tail of test.sh's output
+    output: str = ""  # the tail of test.sh's output, or why the agent forfeited
     seconds: float = 0.0
+    forfeit: str = ""  # one of FORFEITS when the 0 is the agent's own doing
 
 
-def _tar_dir(src: Path, arcname: str) -> bytes:
-    buf = io.BytesIO()
-
-    def owner(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        info.mode |= 0o755 if info.isdir() or info.mode & 0o111 else 0o644
-        return info
-
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(str(src), arcname=arcname, filter=owner)
-    return buf.getvalue()
+def tampered(paths: list[str]) -> list[str]:
+    """The paths under ``TRUSTED`` (``/etc/python3*`` by prefix)."""
+    return [p for p in paths if any(p == t or p.startswith(t + "/") for t in TRUSTED) or p.startswith("/etc/python3")]
 
 
-def copy_dir(client: Any, cid: str, src: Path, dest_name: str) -> None:
-    """Copy a host folder to ``/<dest_name>`` of a container (root-owned, world-readable)."""
-    if not client.api.put_archive(cid, "/", _tar_dir(src, dest_name)):
-        raise GradingError(f"copying {src} into {cid[:12]} failed", "docker_error")
-
-
-def run_exec(client: Any, cid: str, cmd: list[str], *, user: str = "", env: dict[str, str] | None = None,
-             workdir: str | None = None, timeout: float = 60.0) -> tuple[int | None, str]:  # fmt: skip
-    """Run one exec to completion within `timeout` s: (exit code or None on timeout, output tail)."""
-    ex = client.api.exec_create(cid, cmd, stdout=True, stderr=True, user=user, environment=env, workdir=workdir)
-    sock = client.api.exec_start(ex["Id"], socket=True)._sock
-    deadline = time.monotonic() + timeout
-    data = bytearray()
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None, _demux(data)
-            sock.settimeout(left)
-            try:
-                chunk = sock.recv(1 << 16)
-            except socket.timeout:
-                return None, _demux(data)
-            if not chunk:
-                break
-            data += chunk
-            if len(data) > 4 << 20:
-                del data[: len(data) - (2 << 20)]  # keep the tail; framing is lost, so only text survives
-    finally:
-        sock.close()
-    return client.api.exec_inspect(ex["Id"]).get("ExitCode"), _demux(data)
-
-
-def _demux(data: bytearray) -> str:
-    out, i = bytearray(), 0
-    while i + 8 <= len(data) and data[i] in (1, 2) and data[i + 1:i + 4] == b"\0\0\0":
-        n = int.from_bytes(data[i + 4:i + 8], "big")
-        out += data[i + 8:i + 8 + n]
-        i += 8 + n
-    if i < len(data):
-        out += data[i:]
-    return out.decode("utf-8", errors="replace")[-4000:]
-
-
-def _check_running(client: Any, cid: str) -> None:
-    import docker.errors
-
-    try:
-        state = client.api.inspect_container(cid)["State"]
-    except docker.errors.NotFound as e:
-        raise GradingError(f"the container {cid[:12]} is gone", "container_dead") from e
-    if not state.get("Running"):
-        raise GradingError(f"the container {cid[:12]} is not running (status {state.get('Status')}, "
-                           f"OOMKilled={state.get('OOMKilled')})", "container_dead")
-
-
-def _read_file(client: Any, cid: str, path: str) -> bytes | None:
-    import docker.errors
-
-    try:
-        stream, _ = client.api.get_archive(cid, path)
-    except docker.errors.NotFound:
-        return None
-    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-        member = tar.next()
-        if member is None or not member.isfile():
-            return None
-        f = tar.extractfile(member)
-        return f.read() if f else None
-
-
-def read_reward(client: Any, cid: str) -> tuple[float, dict[str, float]]:
-    """(reward, metrics) from /logs/verifier/reward.txt or reward.json; GradingError when neither reads."""
-    txt = _read_file(client, cid, "/logs/verifier/reward.txt")
+def read_reward(files: dict[str, bytes]) -> tuple[float, dict[str, float]]:
+    """(reward, metrics) from reward.txt or reward.json; GradingError when neither reads."""
+    txt = files.get("reward.txt")
     if txt is not None:
         try:
             value = float(txt.decode().strip())
@@ -151,7 +88,7 @@ def read_reward(client: Any, cid: str) -> tuple[float, dict[str, float]]:
         if not math.isfinite(value):
             raise GradingError(f"/logs/verifier/reward.txt is not finite: {value}", "verifier_error")
         return value, {}
-    raw = _read_file(client, cid, "/logs/verifier/reward.json")
+    raw = files.get("reward.json")
     if raw is None:
         raise GradingError("test.sh wrote neither /logs/verifier/reward.txt nor reward.json", "verifier_error")
     try:
@@ -160,45 +97,57 @@ def read_reward(client: Any, cid: str) -> tuple[float, dict[str, float]]:
     except (ValueError, KeyError, TypeError):
         raise GradingError(f"/logs/verifier/reward.json has no numeric 'reward': {raw[:120]!r}",
                            "verifier_error") from None
+    if not math.isfinite(value):
+        raise GradingError(f"/logs/verifier/reward.json's reward is not finite: {value}", "verifier_error")
     metrics = {str(k): float(v) for k, v in data.items()
                if k != "reward" and isinstance(v, (int, float)) and not isinstance(v, bool)}
     return value, metrics
 
 
-def stop_agent(client: Any, box: TaskContainer) -> None:
-    """Kill every process of the container but its init and keeper (the agent's shell included)."""
-    box.shell.close()
-    run_exec(client, box.id, ["sh", "-c", _STOP_AGENT], user=box.user, env={"KEEP": box.shell.init_children},
-             timeout=30)
+def _forfeit(cause: str, why: str, t0: float) -> Grade:
+    return Grade(0.0, {cause: 1.0}, output=why, seconds=time.perf_counter() - t0, forfeit=cause)
 
 
-def grade(client: Any, box: TaskContainer, task: HarborTask, *, timeout: float | None = None) -> Grade:
-    """Run the task's tests in the trajectory's container; see the module docstring."""
-    import docker.errors
-
+def grade(runtime: Runtime, box: TaskContainer, task: HarborTask, *, timeout: float | None = None) -> Grade:
+    """Run the task's tests on the trajectory's final filesystem; see the module docstring."""
     t0 = time.perf_counter()
     cfg = task.config
+    c = box.container
     try:
-        _check_running(client, box.id)
-        stop_agent(client, box)
-        aside = secrets.token_hex(4)
-        prep = (f"mv /tests /tests.agent-{aside} 2>/dev/null; mv /logs /logs.agent-{aside} 2>/dev/null; "
-                "mkdir -p /logs/verifier /logs/agent && chmod 777 /logs /logs/verifier /logs/agent")
-        code, out = run_exec(client, box.id, ["sh", "-c", prep], user="0", timeout=30)
-        if code != 0:
-            raise GradingError(f"preparing /logs/verifier failed (exit {code}): {out[-300:]}", "docker_error")
-        copy_dir(client, box.id, task.tests_dir, "tests")
+        box.shell.close()
+        state = runtime.state(c)
+        if not state.running:
+            if state.cause == AGENT_KILLED:
+                return _forfeit(AGENT_KILLED, state.detail, t0)
+            raise GradingError(state.detail, state.cause)
+        runtime.seal(c)
+        touched = tampered(runtime.changes(c))
+        if touched:
+            return _forfeit(TAMPERED, "the agent changed what the verifier runs: " + ", ".join(touched[:20]), t0)
+        used = runtime.disk_used(c)
+        if used is not None and used > cfg.storage_mb << 20:
+            return _forfeit(DISK, f"the writable layer holds {used >> 20} MB; storage_mb is {cfg.storage_mb}", t0)
         limit = timeout or cfg.verifier_timeout_sec
-        code, out = run_exec(client, box.id, ["bash", "/tests/test.sh"], user=cfg.verifier_user or "0",
-                             env=cfg.verifier_env, workdir=box.workdir, timeout=limit)
-        if code is None:
-            raise GradingError(f"tests/test.sh did not finish within {limit:g} s (verifier timeout_sec)",
-                               "verifier_timeout")
-        _check_running(client, box.id)
-        reward, metrics = read_reward(client, box.id)
-    except docker.errors.NotFound as e:
-        raise GradingError(f"the container {box.id[:12]} is gone: {e.explanation or e}", "container_dead") from e
-    except (docker.errors.APIError, OSError) as e:
-        raise GradingError(f"docker failed while grading: {getattr(e, 'explanation', None) or e}",
-                           "docker_error") from e
-    return Grade(reward, metrics, code, out, time.perf_counter() - t0)
+        run = runtime.verify(c, Path(task.tests_dir), ["/bin/bash", "/tests/test.sh"], user=cfg.verifier_user or "0",
+                             env={**VERIFIER_ENV, **cfg.verifier_env}, timeout=limit)
+    except GradingError:
+        raise
+    except ContainerError as e:
+        raise GradingError(str(e), e.cause) from e
+    except Exception as e:
+        raise GradingError(f"{runtime.name} failed while grading: {type(e).__name__}: {e}",
+                           f"{runtime.name}_error") from e
+    if run.exit_code is None:
+        raise GradingError(f"tests/test.sh did not finish within {limit:g} s (verifier timeout_sec)",
+                           "verifier_timeout")
+    reward, metrics = read_reward(run.files)
+    return Grade(reward, metrics, run.exit_code, run.output, time.perf_counter() - t0)
+
+
+def copy_in(runtime: Runtime, box: TaskContainer, src: Path, dest_name: str) -> None:
+    """Copy a host folder to ``/<dest_name>`` of a live trajectory container (the oracle's solution) and
+    give it a fresh shell that sees it (bwrap writes the layer while no shell runs)."""
+    runtime.copy_in(box.container, src, dest_name)
+    if runtime.name != "docker":
+        box.shell.reopen()
+

@@ -159,3 +159,4 @@ def _build(client: Any, task: HarborTask, tag: str, allow_internet: bool) -> Non
             raise
         raise ImageError(f"{task.environment_dir / 'Dockerfile'}: build did not finish within "
                          f"build_timeout_sec={task.config.build_timeout_sec:g} ({type(e).__name__}: {e})") from e
+

@@ -13,9 +13,10 @@ pops one; starts run in threads, at most ``max_starting`` at once, and never on 
 warm containers of a key not acquired for ``idle_s`` seconds are removed (a task seen once does not
 keep containers for the rest of the run).
 
-Every container carries the run's labels (``container.py``); the pool reaps containers of dead
-owners when it starts and every ``reap_interval_s`` while it lives, and removes its own on close.
-A Docker daemon error while starting is raised as ``ContainerError`` (an infrastructure failure).
+Containers come from a container runtime (``verl_agent.containers``: ``docker``, ``bwrap``, or ``auto``:
+Docker when a daemon answers, else bwrap). Every container carries the run's labels; the pool reaps
+containers of dead owners when it starts and every ``reap_interval_s`` while it lives, and removes its
+own on close. A runtime error while starting is raised as ``ContainerError`` (an infrastructure failure).
 """
 
 from __future__ import annotations
@@ -24,15 +25,25 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from verl_agent.tasks.container import (LABEL, NODE_LABEL, OWNER_LABEL, RUN_LABEL, TASK_LABEL, ContainerSpec,
-                                        container_kwargs, owner_id, reap)
+from verl_agent.containers import (
+    LABEL,
+    NODE_LABEL,
+    OWNER_LABEL,
+    RUN_LABEL,
+    TASK_LABEL,
+    Container,
+    ContainerError,
+    ContainerSpec,
+    Runtime,
+    get_runtime,
+    owner_id,
+)
 from verl_agent.tasks.shell import Shell, ShellError
 from verl_agent.tasks.task import HarborTask
 
@@ -41,40 +52,63 @@ __all__ = ["ContainerError", "ContainerPool", "TaskContainer"]
 logger = logging.getLogger(__name__)
 
 
-class ContainerError(RuntimeError):
-    """A container could not be provided or used (daemon error, dead container): infrastructure, never reward."""
+def docker_client() -> Any:
+    import docker
 
-    def __init__(self, message: str, cause: str = "docker_error") -> None:
-        super().__init__(message)
-        self.cause = cause
+    return docker.from_env(timeout=300)
+
+
+def _has_id(client: Any, ref: str) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
 
 
 @dataclass
 class TaskContainer:
     """A started trajectory container with its persistent shell."""
 
-    id: str
-    spec: ContainerSpec
+    container: Container
     shell: Shell
-    workdir: str
-    user: str
     started_s: float = 0.0  # seconds the start took (create + start + shell)
     warm: bool = False  # taken from the warm pool
     task_name: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.container.id
+
+    @property
+    def spec(self) -> ContainerSpec:
+        return self.container.spec
+
+    @property
+    def user(self) -> str:
+        return self.container.user
+
+    @property
+    def workdir(self) -> str:
+        return self.container.workdir
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.container.labels
 
 
 class ContainerPool:
     """See the module docstring. Safe to use from several event loops of one process, one at a time."""
 
-    def __init__(self, client: Any = None, *, run_id: str | None = None, warm: int = 2, max_starting: int = 4,
+    def __init__(self, runtime: Runtime | str = "auto", *, run_id: str | None = None, warm: int = 2,
+                 max_starting: int = 4,
                  allow_internet: bool = False, node_id: str | None = None, reap_interval_s: float = 60.0,
                  idle_s: float = 120.0,
                  max_output: int = 16000, pids: int = 512, lifetime_s: int | None = None,
                  shells: bool = True) -> None:
-        import docker
-
-        self.client = client or docker.from_env(max_pool_size=64, timeout=120)
+        self.runtime = get_runtime(runtime) if isinstance(runtime, str) else runtime
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.warm, self.allow_internet, self.node_id = warm, allow_internet, node_id
         self.idle_s = idle_s  # warm containers of a spec not acquired for this long are removed
@@ -89,26 +123,16 @@ class ContainerPool:
         self._filling: collections.Counter[ContainerSpec] = collections.Counter()
         self._guard = threading.Lock()
         self._removals: set[threading.Thread] = set()
-        self._image_users: dict[str, tuple[str, str]] = {}
-        self._ncpu = float(self.client.info().get("NCPU") or os.cpu_count() or 1)
-        self._storage_opt = self._probe_storage_opt()
         self.owner = owner_id()
         self.stats = collections.Counter()
         self.closed = False
-        self.reaped_at_start = reap(self.client)
+        self.reaped_at_start = self.runtime.reap()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._housekeeping, args=(reap_interval_s,), daemon=True,
                                         name="verl-agent-tasks-reaper")
         self._reaper.start()
 
     # -- specs ---------------------------------------------------------------------------------
-
-    def _probe_storage_opt(self) -> bool:
-        """Can the daemon cap the writable layer (overlay2 on xfs; it also needs pquota, which the first
-        create finds out)? Else only the file-size ulimit bounds the disk."""
-        info = self.client.info()
-        return info.get("Driver") == "overlay2" and any(
-            k == "Backing Filesystem" and v == "xfs" for k, v in info.get("DriverStatus") or [])
 
     def spec_for(self, task: HarborTask, image: str) -> ContainerSpec:
         cfg = task.config
@@ -118,82 +142,44 @@ class ContainerPool:
             raise TaskError(f"{task.path / 'task.toml'}: the task asks for internet access; refused "
                             "(allow it explicitly: allow_internet=true in the tool config / --allow-internet)")
         lifetime = self.lifetime_s or int(2 * (cfg.agent_timeout_sec + cfg.verifier_timeout_sec) + 3600)
-        return ContainerSpec(image=image, user=cfg.agent_user or "", cpus=min(cfg.cpus, self._ncpu),
+        return ContainerSpec(image=image, user=cfg.agent_user or "", cpus=min(cfg.cpus, self.runtime.ncpu),
                              memory_mb=cfg.memory_mb, storage_mb=cfg.storage_mb, pids=self.pids,
                              network=cfg.allow_internet, lifetime_s=lifetime)
-
-    def _image_info(self, image: str) -> tuple[str, str]:
-        """(USER, WORKDIR) of an image."""
-        if image not in self._image_users:
-            cfg = self.client.images.get(image).attrs.get("Config") or {}
-            self._image_users[image] = (cfg.get("User") or "", cfg.get("WorkingDir") or "/")
-        return self._image_users[image]
 
     # -- start / stop (blocking; run in threads) ----------------------------------------------
 
     def _start(self, spec: ContainerSpec, task_name: str) -> TaskContainer:
-        import docker.errors
-
         t0 = time.perf_counter()
         labels = {LABEL: "1", RUN_LABEL: self.run_id, OWNER_LABEL: self.owner, TASK_LABEL: task_name}
         if self.node_id:
             labels[NODE_LABEL] = self.node_id
-        image_user, workdir = self._image_info(spec.image)
-        cid = None
         with self._starting:
+            c = self.runtime.start(spec, labels)  # ContainerError: infrastructure
+            shell = Shell(self.runtime, c, max_output=self.max_output)
             try:
-                c = self._create(spec, labels, image_user)
-                cid = c.id
-                c.start()
-                shell = Shell(self.client, cid, user=spec.user or image_user, workdir=workdir,
-                              max_output=self.max_output)
                 if self.shells:
                     shell.open()
-            except (docker.errors.APIError, ShellError, OSError) as e:
-                if cid:
-                    self._remove(cid)
-                msg = getattr(e, "explanation", None) or str(e)
-                raise ContainerError(f"starting a container of {spec.image} failed: {msg}") from e
+            except ShellError as e:
+                self._remove(c)
+                raise ContainerError(f"starting a container of {spec.image} failed: {e}", e.cause) from e
         self.stats["started"] += 1
-        return TaskContainer(cid, spec, shell, workdir, spec.user or image_user, time.perf_counter() - t0,
-                             task_name=task_name, labels=labels)
+        return TaskContainer(c, shell, time.perf_counter() - t0, task_name=task_name)
 
-    def _create(self, spec: ContainerSpec, labels: dict[str, str], image_user: str) -> Any:
-        import docker.errors
-
-        try:
-            return self.client.containers.create(**container_kwargs(spec, labels, image_user, self._storage_opt))
-        except docker.errors.APIError as e:
-            if not (self._storage_opt and "storage" in str(e).lower()):
-                raise
-            logger.warning("the daemon refuses a writable-layer size (%s); only the file-size limit bounds the "
-                           "disk", e.explanation or e)
-            self._storage_opt = False  # xfs without pquota: the size option is refused
-            return self.client.containers.create(**container_kwargs(spec, labels, image_user, False))
-
-    def _remove(self, cid: str) -> None:
-        import docker.errors
-
-        try:
-            self.client.api.remove_container(cid, force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as e:
-            if "already in progress" not in str(e):  # the reaper (same run labels) removes it later
-                logger.warning("removing task container %s failed: %s", cid[:12], e)
+    def _remove(self, c: Container) -> None:
+        self.runtime.destroy(c)
         self.stats["removed"] += 1
 
     def _remove_later(self, box: TaskContainer) -> None:
         box.shell.close()
-        t = threading.Thread(target=self._remove_tracked, args=(box.id,), daemon=True)
+        t = threading.Thread(target=self._remove_tracked, args=(box.container,), daemon=True)
         with self._guard:
             self._removals.add(t)
         t.start()
 
-    def _remove_tracked(self, cid: str) -> None:
+    def _remove_tracked(self, c: Container) -> None:
         try:
             with self._removing:
-                self._remove(cid)
+                self._remove(c)
         finally:
             with self._guard:
                 self._removals.discard(threading.current_thread())
@@ -232,7 +218,7 @@ class ContainerPool:
             if time.monotonic() - last_reap >= reap_interval:
                 last_reap = time.monotonic()
                 with contextlib.suppress(Exception):
-                    reap(self.client)
+                    self.runtime.reap()
 
     def evict_idle(self) -> int:
         """Remove the warm containers of specs not acquired for idle_s seconds; returns how many."""
@@ -248,9 +234,37 @@ class ContainerPool:
     # -- public --------------------------------------------------------------------------------
 
     async def image_for(self, task: HarborTask) -> str:
+        """The image ref the task's containers start from: a local Docker image (built if needed), or for
+        bwrap the task's root filesystem in the runtime's image store (exported from a local daemon when
+        one answers, else brought with ``verl-agent tasks import``)."""
+        return await asyncio.to_thread(self._image_for, task)
+
+    def _image_for(self, task: HarborTask) -> str:
         from verl_agent.tasks.image import ensure_image
 
-        return await asyncio.to_thread(ensure_image, task, self.client, allow_internet=self.allow_internet)
+        if self.runtime.name == "docker":
+            return ensure_image(task, self.runtime.client, allow_internet=self.allow_internet)
+        from verl_agent.containers.docker import daemon_answers
+        from verl_agent.tasks.export import rootfs_for
+
+        client = docker_client() if daemon_answers() else None
+        try:
+            return rootfs_for(task, self.runtime.images, client).ref
+        finally:
+            if client is not None:
+                client.close()
+
+    def has_image(self, task: HarborTask) -> bool:
+        """Is the task's image already there (nothing to build or export)?"""
+        from verl_agent.tasks.image import environment_hash, image_tag
+
+        if self.runtime.name == "docker":
+            client = self.runtime.client
+            ref = task.config.docker_image or image_tag(task, client)
+            return _has_id(client, ref)
+        store = self.runtime.images
+        ref = task.config.docker_image or store.task_ref(environment_hash(task.environment_dir))
+        return bool(ref) and store.get(ref) is not None
 
     async def acquire(self, task: HarborTask) -> TaskContainer:
         """A started container for one trajectory of `task` (from the warm pool when one is ready)."""
@@ -309,7 +323,7 @@ class ContainerPool:
         self._stop.set()
         for b in boxes:
             b.shell.close()
-            self._remove(b.id)
+            self._remove(b.container)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with self._guard:
@@ -321,4 +335,4 @@ class ContainerPool:
                 t.join(timeout=1)
             if not pending:
                 time.sleep(0.05)
-        reap(self.client, run_id=self.run_id)
+        self.runtime.reap(run_id=self.run_id)

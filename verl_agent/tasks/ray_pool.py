@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from verl_agent.containers import get_runtime
 from verl_agent.tasks.pool import ContainerPool, TaskContainer
 from verl_agent.tasks.shell import Shell
 from verl_agent.tasks.task import HarborTask, load_task
@@ -37,19 +38,21 @@ class ContainerPoolActor:
 
     def __init__(self, node_id: str, **options: Any) -> None:
         self.node_id = node_id
-        self.pool = ContainerPool(node_id=node_id, shells=False, **options)
+        self.pool = ContainerPool(options.pop("runtime", "auto"), node_id=node_id, shells=False, **options)
         self.boxes: dict[str, TaskContainer] = {}
 
     async def acquire(self, task_dir: str) -> dict[str, Any]:
         box = await self.pool.acquire(load_task(task_dir, allow_internet=None))
         self.boxes[box.id] = box
-        return {"id": box.id, "user": box.user, "workdir": box.workdir, "spec": box.spec, "labels": box.labels,
-                "started_s": box.started_s, "warm": box.warm}
+        return {"container": box.container, "started_s": box.started_s, "warm": box.warm}
 
     async def release(self, container_id: str) -> None:
         box = self.boxes.pop(container_id, None)
         if box is not None:
             await self.pool.release(box)
+
+    def runtime_name(self) -> str:
+        return self.pool.runtime.name
 
     def info(self) -> dict[str, Any]:
         import socket
@@ -85,25 +88,25 @@ def ensure_node_pools(**options: Any) -> dict[str, Any]:
 class NodePoolClient:
     """A rollout worker's view of its node's pool actor, with ContainerPool's acquire/release."""
 
-    def __init__(self, max_output: int = 16000, **options: Any) -> None:
-        import docker
+    def __init__(self, max_output: int = 16000, runtime: str = "auto", **options: Any) -> None:
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.actor = node_pool(self.node_id, max_output=max_output, **options)  # the existing one, if any
-        self.client = docker.from_env(max_pool_size=64)
+        # the existing actor, if any; this process opens shells (and grades) through a runtime of the same kind
+        self.actor = node_pool(self.node_id, max_output=max_output, runtime=runtime, **options)
+        self.runtime = get_runtime(ray.get(self.actor.runtime_name.remote()))
         self.max_output = max_output
 
     async def acquire(self, task: HarborTask) -> TaskContainer:
         got = await self.actor.acquire.remote(str(task.path))
-        shell = Shell(self.client, got["id"], user=got["user"], workdir=got["workdir"], max_output=self.max_output)
+        c = got["container"]
+        shell = Shell(self.runtime, c, max_output=self.max_output)
         try:
             await asyncio.to_thread(shell.open)
         except BaseException:
-            await self.actor.release.remote(got["id"])
+            await self.actor.release.remote(c.id)
             raise
-        return TaskContainer(got["id"], got["spec"], shell, got["workdir"], got["user"], got["started_s"],
-                             got["warm"], task.name, got["labels"])
+        return TaskContainer(c, shell, got["started_s"], got["warm"], task.name)
 
     async def release(self, box: TaskContainer) -> None:
         box.shell.close()

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_agent.tasks.grading import copy_dir, grade
-from verl_agent.tasks.image import ImageError, image_tag
+from verl_agent.tasks.grading import copy_in, grade
+from verl_agent.tasks.image import ImageError
 from verl_agent.tasks.pool import ContainerError, ContainerPool
 from verl_agent.tasks.task import TaskError, load_task
 
@@ -49,13 +49,14 @@ async def _oracle(pool: ContainerPool, box: Any, task: Any) -> str:
     solve = task.solution_dir / "solve.sh"
     if not solve.is_file():
         raise TaskError(f"{solve}: missing (the oracle agent runs it)")
-    await asyncio.to_thread(copy_dir, pool.client, box.id, task.solution_dir, "solution")
+    await asyncio.to_thread(copy_in, pool.runtime, box, task.solution_dir, "solution")
     res = await box.shell.run("bash /solution/solve.sh", task.config.agent_timeout_sec)
     return f"{res.output}[exit code {res.exit_code}{', timed out' if res.timed_out else ''}]"
 
 
 async def run_task(task_dir: str | Path, agent: str = "oracle", *, pool: ContainerPool | None = None,
-                   model: str | None = None, allow_internet: bool = False, **model_kwargs: Any) -> TaskRun:
+                   model: str | None = None, allow_internet: bool = False, runtime: str = "auto",
+                   **model_kwargs: Any) -> TaskRun:
     """One task, one agent, one container; never raises for a task or infrastructure failure."""
     if agent not in AGENTS:
         raise ValueError(f"agent must be one of {AGENTS}, got {agent!r}")
@@ -66,8 +67,8 @@ async def run_task(task_dir: str | Path, agent: str = "oracle", *, pool: Contain
     try:
         task = load_task(task_dir, allow_internet=allow_internet)
         run.task = task.name
-        pool = pool or await asyncio.to_thread(ContainerPool, warm=0, allow_internet=allow_internet)
-        run.image_built = not task.config.docker_image and not _has_image(pool, image_tag(task, pool.client))
+        pool = pool or await asyncio.to_thread(ContainerPool, runtime, warm=0, allow_internet=allow_internet)
+        run.image_built = not await asyncio.to_thread(pool.has_image, task)
         t = time.perf_counter()
         run.image = await pool.image_for(task)
         run.timings["image_s"] = time.perf_counter() - t
@@ -83,7 +84,7 @@ async def run_task(task_dir: str | Path, agent: str = "oracle", *, pool: Contain
             run.agent_output = await _oracle(pool, box, task)
         run.timings["agent_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        graded = await asyncio.to_thread(grade, pool.client, box, task)
+        graded = await asyncio.to_thread(grade, pool.runtime, box, task)
         run.timings["grade_s"] = time.perf_counter() - t
         run.reward, run.metrics, run.verifier_output = graded.reward, graded.metrics, graded.output
     except (TaskError, ImageError) as e:
@@ -99,23 +100,13 @@ async def run_task(task_dir: str | Path, agent: str = "oracle", *, pool: Contain
     return run
 
 
-def _has_image(pool: ContainerPool, tag: str) -> bool:
-    import docker.errors
-
-    try:
-        pool.client.images.get(tag)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
-async def check_tasks(folder: str | Path, *, jobs: int = 4, allow_internet: bool = False
+async def check_tasks(folder: str | Path, *, jobs: int = 4, allow_internet: bool = False, runtime: str = "auto"
                       ) -> list[tuple[str, TaskRun, TaskRun]]:  # fmt: skip
     """Oracle and nop on every task of `folder`: [(task dir, oracle run, nop run)], in folder order."""
     from verl_agent.tasks.task import find_tasks
 
     dirs = find_tasks(folder)
-    pool = await asyncio.to_thread(ContainerPool, warm=0, allow_internet=allow_internet)
+    pool = await asyncio.to_thread(ContainerPool, runtime, warm=0, allow_internet=allow_internet)
     gate = asyncio.Semaphore(max(1, jobs))
 
     async def one(d: Path, agent: str) -> TaskRun:

@@ -1,8 +1,8 @@
-"""One persistent bash per trajectory, over one attached exec socket.
+"""One persistent bash per trajectory, over one stream the container runtime opened.
 
-The shell is started once with the Docker SDK (``exec_create`` + ``exec_start(socket=True)``) and
-kept: cwd, exported variables, functions and background processes persist from call to call, and a
-call costs one write and the reads of its output, no new exec.
+The shell is started once by the runtime (``Runtime.open_shell``: a Docker exec socket, or a bwrap
+process on a socket pair) and kept: cwd, exported variables, functions and background processes
+persist from call to call, and a call costs one write and the reads of its output, nothing new started.
 
 Protocol: each call writes one line::
 
@@ -15,10 +15,10 @@ The line that ends the call carries a fresh random token, so output cannot fake 
 and the exit code. Quoting the command as ``$'...'`` means an unbalanced quote in it is a syntax
 error of that call (exit 2), never a hung shell.
 
-Per-call timeout: the shell gets SIGUSR1, whose trap returns from ``__va`` (ending the rest of the
-command, shell-builtin loops included), and the processes the call started (children of the shell,
-minus the background jobs that existed before the call, and all their descendants) are killed; the
-shell lives on with its cwd and variables and the call reports exit code 137. Should the shell still
+Per-call timeout: the runtime's ``interrupt`` sends the shell SIGUSR1, whose trap returns from ``__va``
+(ending the rest of the command, shell-builtin loops included), and kills the processes the call
+started (children of the shell, minus the background jobs that existed before the call, and all their
+descendants); the shell lives on with its cwd and variables and the call reports exit code 137. Should the shell still
 not answer (e.g. the command trapped SIGUSR1 itself), it is replaced by a fresh one and the result
 says that its state was lost.
 Output beyond ``max_output`` characters keeps its head and tail with a marker saying how much was cut.
@@ -32,32 +32,13 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+
+from verl_agent.containers import CONTAINER_DEAD, Channel, Container, ContainerError, Runtime
 
 __all__ = ["Shell", "ShellError", "ShellResult", "ansi_c_quote"]
 
 JOBS_FILE = "/tmp/.verl_agent_jobs"
 _MARK = b"\x1eVA"
-_KILLER = r"""
-S=$1; keep=" $(tr '\n' ' ' < %(jobs)s 2>/dev/null) "; pairs=""
-for f in /proc/[0-9]*/stat; do
-  read -r line < "$f" 2>/dev/null || continue
-  pid=${line%%%% *}; rest=${line##*) }; set -- $rest; pairs="$pairs $pid:$2"
-done
-frontier=""
-for pp in $pairs; do p=${pp%%%%:*}; q=${pp##*:}
-  if [ "$q" = "$S" ]; then case "$keep" in *" $p "*) ;; *) frontier="$frontier $p";; esac; fi
-done
-targets=""
-while [ -n "$frontier" ]; do
-  targets="$targets $frontier"; next=""
-  for pp in $pairs; do p=${pp%%%%:*}; q=${pp##*:}; case " $frontier " in *" $q "*) next="$next $p";; esac; done
-  frontier=$next
-done
-kill -USR1 "$S" 2>/dev/null
-[ -n "$targets" ] && kill -9 $targets 2>/dev/null
-echo "$targets"
-""" % {"jobs": JOBS_FILE}
 
 
 # Commands run inside a function so that a timeout can end them: SIGUSR1's trap returns from it.
@@ -65,7 +46,12 @@ _PRELUDE = "__va() { eval \"$1\"; }; trap 'return 137 2>/dev/null' USR1"
 
 
 class ShellError(RuntimeError):
-    """The shell's container or exec is gone (a dead container, a daemon error): an infrastructure failure."""
+    """The shell's container is gone. ``cause``: ``container_dead`` (infrastructure) or
+    ``agent_killed_container`` (the agent ended it: its episode ends with a 0)."""
+
+    def __init__(self, message: str, cause: str = CONTAINER_DEAD) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 @dataclass
@@ -114,14 +100,13 @@ def cap_output(text: str, limit: int, dropped: int = 0) -> tuple[str, int]:
 class Shell:
     """A persistent bash in a running container; ``await run(cmd, timeout)`` per call, one at a time."""
 
-    def __init__(self, client: Any, container_id: str, *, user: str | None = None, workdir: str | None = None,
-                 env: dict[str, str] | None = None, max_output: int = 16000) -> None:
-        self.client, self.container_id = client, container_id
-        self.user, self.workdir = user or "", workdir
+    def __init__(self, runtime: Runtime, container: Container, *, env: dict[str, str] | None = None,
+                 max_output: int = 16000) -> None:  # fmt: skip
+        self.runtime, self.container = runtime, container
         self.env = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", **(env or {})}
         self.max_output = max_output
-        self.pid = 0
-        self.init_children = ""  # the container's keeper process (the child of its init), read at start
+        self.pid = 0  # the shell's pid inside the container
+        self._channel: Channel | None = None
         self._sock: socket.socket | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -135,17 +120,13 @@ class Shell:
 
     def open(self) -> Shell:
         """Start bash and read its pid; blocking (the pool calls it in a thread)."""
-        import docker.errors
-
         try:
-            ex = self.client.api.exec_create(self.container_id, ["bash", "--noprofile", "--norc"], stdin=True,
-                                             stdout=True, stderr=True, tty=False, user=self.user,
-                                             workdir=self.workdir, environment=self.env)
-            self._sock = self.client.api.exec_start(ex["Id"], socket=True)._sock
-        except docker.errors.APIError as e:
-            raise ShellError(f"starting bash in {self.container_id[:12]} failed: {e.explanation or e}") from e
+            self._channel = self.runtime.open_shell(self.container, self.env)
+        except ContainerError as e:
+            raise ShellError(f"starting bash in {self.container.id[:12]} failed: {e}", e.cause) from e
+        self._sock = self._channel.sock
         token = secrets.token_hex(8)
-        hello = f"printf '\\036VA{token}:%d:%s\\n' $$ \"$(cat /proc/1/task/1/children 2>/dev/null)\""
+        hello = f"printf '\\036VA{token}:%d\\n' $$"
         self._sock.sendall(f"{_PRELUDE}\n{hello}\n".encode())
         self._sock.settimeout(30)
         buf = bytearray()
@@ -154,19 +135,25 @@ class Shell:
             while marker not in buf or not buf.endswith(b"\n"):
                 chunk = self._sock.recv(65536)
                 if not chunk:
-                    raise ShellError(f"bash in {self.container_id[:12]} exited at start (is bash in the image?): "
+                    raise ShellError(f"bash in {self.container.id[:12]} exited at start (is bash in the image?): "
                                      f"{bytes(self._demux_all(buf))[-300:]!r}")
                 buf += chunk
         except OSError as e:
-            raise ShellError(f"bash in {self.container_id[:12]} did not answer: {e}") from e
+            raise ShellError(f"bash in {self.container.id[:12]} did not answer: {e}") from e
         text = bytes(self._demux_all(buf))
-        fields = text[text.index(marker) + len(marker):].decode().strip().split(":", 1)
-        self.pid, self.init_children = int(fields[0]), fields[1].strip() if len(fields) > 1 else ""
+        self.pid = int(text[text.index(marker) + len(marker):].decode().strip())
         self._sock.settimeout(None)
         return self
 
-    @staticmethod
-    def _demux_all(buf: bytearray) -> bytearray:
+    def reopen(self) -> Shell:
+        """A new shell in the same container (the old one ends); blocking."""
+        self._close_socket()
+        self.closed = False
+        return self.open()
+
+    def _demux_all(self, buf: bytearray) -> bytearray:
+        if self._channel is not None and not self._channel.framed:
+            return buf
         out, i = bytearray(), 0
         while i + 8 <= len(buf):
             n = int.from_bytes(buf[i + 4:i + 8], "big")
@@ -226,6 +213,10 @@ class Shell:
     def _take_frames(self) -> bytes:
         """Payloads of the complete frames received so far (stdout and stderr alike)."""
         buf, out, i = self._frames, bytearray(), 0
+        if self._channel is not None and not self._channel.framed:
+            out = bytes(buf)
+            buf.clear()
+            return out
         while i + 8 <= len(buf):
             n = int.from_bytes(buf[i + 4:i + 8], "big")
             if i + 8 + n > len(buf):
@@ -260,43 +251,39 @@ class Shell:
                          limit: int) -> tuple[int, bool]:  # fmt: skip
         """Kill the timed-out call's processes; if the shell itself is stuck, replace it."""
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(self._exec, ["sh", "-c", _KILLER, "killer", str(self.pid)])
+            await asyncio.to_thread(self.runtime.interrupt, self.container, self._channel, self.pid, JOBS_FILE)
             return await asyncio.wait_for(self._read_until(reader, marker, out, limit), 3.0), False
-        await asyncio.to_thread(self._exec, ["kill", "-9", str(self.pid)])
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.runtime.end_shell, self.container, self._channel, self.pid)
         self._close_socket()
-        self._frames.clear()
         await asyncio.to_thread(self.open)
         await self._streams()
         return 137, True
 
     async def _restart_after_exit(self, why: Exception) -> None:
-        """A new shell when the container still runs; ShellError (infrastructure) when it does not."""
-        import docker.errors
-
+        """A new shell when the container still stands; ShellError (with its cause) when it does not."""
         self._close_socket()
         try:
-            state = (await asyncio.to_thread(self.client.api.inspect_container, self.container_id))["State"]
-        except docker.errors.APIError as e:
-            raise ShellError(f"the container {self.container_id[:12]} is gone: {e.explanation or e}") from e
-        if not state.get("Running"):
-            raise ShellError(f"the container {self.container_id[:12]} is no longer running "
-                             f"(status {state.get('Status')}, OOMKilled={state.get('OOMKilled')})") from why
+            state = await asyncio.to_thread(self.runtime.state, self.container)
+        except ContainerError as e:
+            raise ShellError(f"the container {self.container.id[:12]} is gone: {e}", e.cause) from e
+        except Exception as e:
+            raise ShellError(f"the container {self.container.id[:12]} cannot be inspected: {e}") from e
+        if not state.running:
+            raise ShellError(state.detail, state.cause) from why
         await asyncio.to_thread(self.open)
         await self._streams()
 
-    def _exec(self, cmd: list[str]) -> str:
-        res = self.client.api.exec_create(self.container_id, cmd, user=self.user, stdout=True, stderr=True)
-        return self.client.api.exec_start(res["Id"]).decode(errors="replace")
-
     def _close_socket(self) -> None:
         self._frames.clear()
+        self._reader = None
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 self._writer.close()
         elif self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.close()
-        self._sock, self._writer, self._reader = None, None, None
+        self._sock, self._writer, self._reader, self._channel = None, None, None, None
 
     def alive(self) -> bool:
         """False once the connection to bash has ended (the container, or the daemon, went away); no waiting."""

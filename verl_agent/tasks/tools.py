@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from verl_agent.containers import RUNTIMES
 from verl_agent.tasks.editor import EDITOR_SCHEMA, Editor
 from verl_agent.tasks.env import POOL_KEYS, attach, close_pool, detach, get_env
 from verl_agent.tasks.pool import ContainerError
@@ -85,6 +86,10 @@ class _ContainerTool(BaseTool):
             raise ToolConfigError(f"{type(self).__name__}: unknown config key(s) {sorted(unknown)}; "
                                   f"allowed: {sorted({*POOL_KEYS, *self.own_keys})}")
         self.pool_options = {k: self.config[k] for k in POOL_KEYS if k in self.config}
+        runtime = self.pool_options.get("runtime", "auto")
+        if runtime not in RUNTIMES:
+            raise ToolConfigError(f"{type(self).__name__}: runtime must be one of {', '.join(RUNTIMES)}; got "
+                                  f"{runtime!r}")
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return self.tool_schema or OpenAIFunctionToolSchema.model_validate(self.default_schema)
@@ -162,8 +167,7 @@ class EditorTool(_ContainerTool):
         timeout = float(self.config.get("timeout", 60))
 
         async def run(cmd: str) -> Any:
-            res = await env.box.shell.run(cmd, timeout, limit=8 << 20)
-            return res
+            return await env.run(cmd, timeout, limit=8 << 20)
 
         try:
             text = await Editor(run)(parameters)
