@@ -79,6 +79,7 @@ _SMALL = 4 << 20  # archive members read into memory in the index pass (JSON, co
 _CHUNK = 1 << 20
 _IS_ROOT = os.geteuid() == 0
 _XATTRS = ("security.capability", "user.")
+_WARNED: set[str] = set()  # stores told, once per process, that a non-root caller keeps no owners
 
 
 @dataclass(frozen=True)
@@ -675,7 +676,8 @@ class ImageStore:
         default = os.environ.get(ENV_ROOT) or Path.home() / ".cache" / "verl-agent" / "images"
         self.root = Path(root if root is not None else default).expanduser().absolute()
         self._index_seen: tuple[tuple[int, int, int], dict] | None = None
-        if not _IS_ROOT:
+        if not _IS_ROOT and str(self.root) not in _WARNED:
+            _WARNED.add(str(self.root))
             logger.warning("image store %s: not running as root, so file owners are not kept (every file is "
                            "the caller's) and device nodes are skipped; modes are kept", self.root)
 
@@ -817,7 +819,7 @@ class ImageStore:
                                   "the archive is damaged or was altered; export it again")
         _write_json(work / "layer.json", {"diff_id": diff_id, **meta})
         os.rename(work, self.root / "layers" / _hex(diff_id))
-        logger.info("%s: unpacked %d entries in %.2f s", where, meta["entries"], time.perf_counter() - t0)
+        logger.debug("%s: unpacked %d entries in %.2f s", where, meta["entries"], time.perf_counter() - t0)
 
     def _build_image(self, image_id: str, config: dict, diff_ids: list[str]) -> None:
         work = self._tmpdir("image-")

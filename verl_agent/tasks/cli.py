@@ -144,8 +144,10 @@ def _import(args: argparse.Namespace) -> int:
         return 1
     seconds = time.perf_counter() - t0
     seen: set = set()
-    sizes = {ref: tree_bytes(store.get(ref).rootfs, seen) for ref in refs}  # type: ignore[union-attr]
-    print(_table([(ref, f"{n / 2**20:.1f} MiB new on disk") for ref, n in sizes.items()]))
+    roots = {ref: store.get(ref).rootfs for ref in refs}  # type: ignore[union-attr]
+    sizes = {ref: tree_bytes(root, seen) for ref, root in roots.items()}  # what each adds; shared layers once
+    print(_table([(ref, f"rootfs {tree_bytes(roots[ref]) / 2**20:6.1f} MiB, {n / 2**20:5.1f} MiB of it not in "
+                        "an image above") for ref, n in sizes.items()]))
     print(f"store {store.root}: {sum(sizes.values()) / 2**20:.1f} MiB for {len(refs)} image(s) ({seconds:.1f} s)")
     print(json.dumps({"refs": refs, "store": str(store.root), "bytes": sum(sizes.values()),
                       "image_bytes": sizes, "seconds": round(seconds, 2)}))
