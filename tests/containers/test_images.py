@@ -283,7 +283,8 @@ def test_second_load_is_instant_and_compressed_archives_reuse_layers(tiny, loade
     store, refs, first = loaded
     t0 = time.perf_counter()
     assert store.load_archive(tiny["archive"]) == refs
-    assert time.perf_counter() - t0 < 0.05 < first
+    again = time.perf_counter() - t0
+    assert again < 0.1 and again < first / 3, (again, first)  # about 1 ms: a stat and two small JSON reads
     layers = {p.name: p.stat().st_ino for p in (store.root / "layers").iterdir()}
     raw = tiny["archive"].read_bytes()
     for name, packed in (("tiny.tar.zst", zstandard.ZstdCompressor().compress(raw)),

@@ -80,3 +80,37 @@ def test_import_refuses_what_is_not_a_bundle(tmp_path):
     make_task(tmp_path / "a" / "deeper")
     shutil.copytree(EXAMPLE, tmp_path / "b" / EXAMPLE.name)
     assert [p.name for p in discover_tasks(tmp_path)] == ["count-lines", "count-00"]
+
+
+def test_rootfs_for_a_prebuilt_docker_image_uses_its_ref(tmp_path):
+    """``[environment] docker_image``: the ref itself is looked up in the store (no Docker here)."""
+    import hashlib
+    import io
+    import tarfile
+
+    from verl_agent.tasks.export import rootfs_for
+
+    def tar(files: dict[str, bytes]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    layer = tar({"app/hello.txt": b"hi\n"})
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]},
+                         "config": {"WorkingDir": "/app", "User": "1000"}}).encode()
+    manifest = json.dumps([{"Config": "c.json", "RepoTags": ["prebuilt:1"], "Layers": ["l/layer.tar"]}]).encode()
+    (tmp_path / "prebuilt.tar").write_bytes(tar({"l/layer.tar": layer, "c.json": config, "manifest.json": manifest}))
+    task_dir = shutil.copytree(EXAMPLE, tmp_path / "prebuilt-task")
+    (task_dir / "task.toml").write_text((task_dir / "task.toml").read_text() + 'docker_image = "prebuilt:1"\n')
+    task = load_task(task_dir)
+    store = ImageStore(tmp_path / "store")
+    with pytest.raises(ImageError, match=r"docker_image 'prebuilt:1' is not in the image store .*tasks import"):
+        rootfs_for(task, store)
+    store.load_archive(tmp_path / "prebuilt.tar")
+    img = rootfs_for(task, store)
+    assert (img.ref, img.user, img.workdir) == ("prebuilt:1", "1000", "/app")
+    assert (img.rootfs / "app/hello.txt").read_text() == "hi\n"
