@@ -20,13 +20,13 @@ def _trajectory(task_dir: str) -> dict:
     import ray
 
     from verl_agent.tasks import env
-    from verl_agent.tasks.grading import copy_dir
+    from verl_agent.tasks.grading import copy_in
 
     async def run() -> dict:
         e = await env.attach("traj-" + ray.get_runtime_context().get_task_id(), task_dir, pool="ray", warm=0)
         try:
             pwd = (await e.run("pwd", 10)).output
-            await asyncio.to_thread(copy_dir, e.pool.client, e.box.id, e.task.solution_dir, "solution")
+            await asyncio.to_thread(copy_in, e.pool.runtime, e.box, e.task.solution_dir, "solution")
             await e.run("bash /solution/solve.sh", 30)
             graded = await e.grade()
             return {"worker_node": ray.get_runtime_context().get_node_id(), "pool_node": e.pool.node_id,

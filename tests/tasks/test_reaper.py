@@ -1,5 +1,6 @@
-"""No container is left behind: after a trainer killed with SIGKILL (reaped by the next pool's start, or by
-a live pool's timer), and when nobody is left at all (the container's own lifetime ends it)."""
+"""No container is left behind: after a trainer killed with SIGKILL (Docker: reaped by the next pool's start,
+or by a live pool's timer; bwrap: at once by the runtime's janitor, no process, mount, directory or cgroup
+left), and when nobody is left at all (a Docker container's own lifetime stops it)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import sys
 import time
 
 import pytest
-from task_helpers import needs_docker
+from task_helpers import SLIM_DOCKERFILE, make_task, needs_docker
 
-from verl_agent.tasks.container import LABEL, OWNER_LABEL
+from verl_agent.containers import LABEL, OWNER_LABEL
 from verl_agent.tasks.pool import ContainerPool
 from verl_agent.tasks.task import load_task
 
@@ -24,20 +25,22 @@ from verl_agent.tasks.pool import ContainerPool
 from verl_agent.tasks.task import load_task
 
 async def main():
-    pool = ContainerPool(warm=1)
+    pool = ContainerPool(sys.argv[2], warm=1)
     task = load_task(sys.argv[1])
     boxes = [await pool.acquire(task), await pool.acquire(task)]  # two in use, one warm being started
-    print(pool.owner, flush=True)
+    for b in boxes:
+        await b.shell.run("sleep 600 &")
+    print(pool.owner, *[b.container.handle.get("home", "") for b in boxes], flush=True)
     await asyncio.sleep(600)
 
 asyncio.run(main())
 """
 
 
-def _kill_a_trainer(task_dir) -> str:
+def _kill_a_trainer(task_dir, runtime: str = "docker") -> str:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(task_dir)], stdout=subprocess.PIPE, text=True,
-                            env=env)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(task_dir), runtime], stdout=subprocess.PIPE,
+                            text=True, env=env)
     owner = proc.stdout.readline().strip()
     time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
@@ -56,12 +59,12 @@ def test_containers_of_a_killed_trainer_are_reaped_at_the_next_start_and_by_the_
 
     client = docker.from_env()
     assert len(_of(client, owner)) >= 2  # left behind by the SIGKILL
-    pool = ContainerPool(warm=0)  # the next start (another live pool on this host may have reaped them first)
+    pool = ContainerPool("docker", warm=0)  # the next start (another live pool on this host may have reaped them first)
     try:
         assert not _of(client, owner)
     finally:
         pool.close_sync()
-    watcher = ContainerPool(warm=0, reap_interval_s=0.5)  # a live pool reaps on its timer
+    watcher = ContainerPool("docker", warm=0, reap_interval_s=0.5)  # a live pool reaps on its timer
     try:
         owner = _kill_a_trainer(count_task)
         deadline = time.monotonic() + 15
@@ -72,25 +75,29 @@ def test_containers_of_a_killed_trainer_are_reaped_at_the_next_start_and_by_the_
         watcher.close_sync()
 
 
-async def test_a_container_ends_with_its_lifetime_even_when_nobody_removes_it(count_task):
-    pool = ContainerPool(warm=0, lifetime_s=1)
+async def test_a_container_stops_with_its_lifetime_even_when_nobody_removes_it(count_task):
+    """Stopped, it runs nothing (the reaper removes it once its owner is dead); its exit says the lifetime
+    ended, not the agent."""
+    pool = ContainerPool("docker", warm=0, lifetime_s=1)
     try:
         box = await pool.acquire(load_task(count_task))
         box.shell.close()
         deadline = time.monotonic() + 20
 
-        def gone() -> bool:
-            return not pool.client.containers.list(all=True, ignore_removed=True, filters={"id": box.id})
+        def stopped() -> bool:
+            return not pool.runtime.client.containers.list(ignore_removed=True, filters={"id": box.id})
 
-        while not gone() and time.monotonic() < deadline:
+        while not stopped() and time.monotonic() < deadline:
             time.sleep(0.25)
-        assert gone()  # auto-removed on its own
+        assert stopped()
+        state = pool.runtime.state(box.container)
+        assert (state.running, state.cause) == (False, "container_dead")
     finally:
         pool.close_sync()
 
 
 async def test_warm_containers_of_an_idle_image_are_removed(count_task):
-    pool = ContainerPool(warm=2, idle_s=2.0)
+    pool = ContainerPool("docker", warm=2, idle_s=2.0)
     try:
         task = load_task(count_task)
         await pool.prewarm(task)
@@ -102,7 +109,7 @@ async def test_warm_containers_of_an_idle_image_are_removed(count_task):
     finally:
         pool.close_sync()
     mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
-    assert not pool.client.containers.list(all=True, ignore_removed=True, filters=mine)
+    assert not pool.runtime.client.containers.list(all=True, ignore_removed=True, filters=mine)
 
 
 def test_reap_removes_only_dead_owners_containers_running_or_stopped(count_task):
@@ -112,7 +119,8 @@ def test_reap_removes_only_dead_owners_containers_running_or_stopped(count_task)
 
     import docker
 
-    from verl_agent.tasks.container import RUN_LABEL, owner_id, reap
+    from verl_agent.containers import RUN_LABEL, owner_id
+    from verl_agent.containers.docker import reap
     from verl_agent.tasks.image import ensure_image
 
     client = docker.from_env()
@@ -140,12 +148,12 @@ def test_reap_removes_only_dead_owners_containers_running_or_stopped(count_task)
 async def test_a_warm_container_that_died_is_replaced_not_handed_out(count_task):
     """What a daemon restart does to a warm pool (every warm container stops, its shell's stream ends), done
     to one container with `docker kill`: acquire skips it, removes it, and starts a working one."""
-    pool = ContainerPool(warm=1)
+    pool = ContainerPool("docker", warm=1)
     try:
         task = load_task(count_task)
         await pool.prewarm(task)
         (dead,) = [b for q in pool._ready.values() for b in q]
-        pool.client.containers.get(dead.id).kill()
+        pool.runtime.client.containers.get(dead.id).kill()
         deadline = time.monotonic() + 10
         while dead.shell.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -156,4 +164,37 @@ async def test_a_warm_container_that_died_is_replaced_not_handed_out(count_task)
     finally:
         pool.close_sync()
     mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
-    assert not pool.client.containers.list(all=True, ignore_removed=True, filters=mine)
+    assert not pool.runtime.client.containers.list(all=True, ignore_removed=True, filters=mine)
+
+
+def test_bwrap_leaves_nothing_after_a_trainer_killed_with_sigkill(tmp_path):
+    """Two containers in use (each with a background job) and one warm: after the SIGKILL no process of
+    theirs, no mount, no directory and no control group is left, with no other pool started."""
+    from verl_agent.containers.bwrap import _cgroup_paths
+
+    task_dir = make_task(tmp_path, "slim", dockerfile=SLIM_DOCKERFILE)
+    ContainerPool("bwrap", warm=0).close_sync()  # the image exported beforehand, not under the child's clock
+    fields = _kill_a_trainer(task_dir, "bwrap").split()
+    homes = fields[1:]
+    assert len(homes) == 2 and all(homes)
+    deadline = time.monotonic() + 10
+
+    def left() -> list[str]:
+        found = [h for h in homes if os.path.exists(h)]
+        found += [line for line in open("/proc/mounts") if any(h in line for h in homes)]
+        found += [str(p) for h in homes for p in _cgroup_paths(os.path.basename(h)) if p.exists()]
+        found += [pid for pid in os.listdir("/proc") if pid.isdigit() and _runs_in(pid, homes)]
+        return found
+
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left() == []
+
+
+def _runs_in(pid: str, homes: list[str]) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(h in cmd for h in homes)

@@ -71,9 +71,9 @@ async def test_agent_loop_solves_a_task_with_the_container_tools(chat_tokenizer,
             assert set(traj.loss_mask[t.gen_end:t.obs_end]) <= {0}
     assert not env._envs and not env._refs  # every trajectory released its container
     mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
-    left = pool.client.containers.list(all=True, ignore_removed=True, filters=mine)
+    left = pool.runtime.client.containers.list(all=True, ignore_removed=True, filters=mine)
     await pool.close()  # removals are in flight; close waits for them
-    assert len(left) <= 2 and not pool.client.containers.list(all=True, ignore_removed=True, filters=mine)
+    assert len(left) <= 2 and not pool.runtime.client.containers.list(all=True, ignore_removed=True, filters=mine)
 
 
 async def test_a_verifier_timeout_ends_the_trajectory_as_infra_failure(chat_tokenizer, rollout_cfg, tmp_path):

@@ -170,7 +170,7 @@ class BwrapRuntime(Runtime):
         meta = {"labels": labels, "image": spec.image, "tmpfs": False}
         try:
             if self.root:  # the writable layer's total size: a tmpfs of storage_mb
-                size = (spec.storage_mb + 1) << 20
+                size = spec.storage_mb << 20
                 subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(home)],
                                check=True, capture_output=True, text=True)
                 meta["tmpfs"] = True

@@ -271,7 +271,13 @@ class Shell:
             raise ShellError(f"the container {self.container.id[:12]} cannot be inspected: {e}") from e
         if not state.running:
             raise ShellError(state.detail, state.cause) from why
-        await asyncio.to_thread(self.open)
+        try:
+            await asyncio.to_thread(self.open)
+        except ShellError:  # it stopped between the look and the open: say why, as above
+            state = await asyncio.to_thread(self.runtime.state, self.container)
+            if not state.running:
+                raise ShellError(state.detail, state.cause) from why
+            raise
         await self._streams()
 
     def _close_socket(self) -> None:
