@@ -273,7 +273,9 @@ class MultiTurnConfig(Section):
     tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
     tool_config_path: str | None = None
     interaction_config_path: str | None = None
-    format: str | None = Field(None, description="tool-call format: hermes | llama3_json | mistral; None: detect")
+    format: str | None = Field(None, description="tool-call format: one of parsers.FORMATS (hermes, llama3_json, "
+                                 "mistral, qwen3_coder, glm45, deepseek, kimi_k2, harmony, llama4_pythonic); None: "
+                                 "detect from the chat template")
 
     @field_validator("format")
     @classmethod
