@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from verl_agent.formats.base import ParseResult, add, json_args, quote
+from verl_agent.formats.base import ParseResult, add, json_args, quote, strip_markers
 
 __all__ = ["HARMONY_MARKERS", "HarmonyParser"]
 
@@ -45,6 +45,9 @@ class HarmonyParser:
                 result.errors.append(f"{where}: the reply may only hold assistant messages: {quote(chunk)}")
                 continue
             header, sep, body = chunk.partition("<|message|>")
+            if not sep and k == 0 and "<|channel|>" not in chunk:  # no harmony header at all: plain text
+                content.append(strip_markers(chunk).strip())
+                continue
             if not sep:
                 result.errors.append(f"{where}: no <|message|> after the header: {quote(chunk)}")
                 continue

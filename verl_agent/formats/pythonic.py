@@ -3,8 +3,9 @@
     [get_weather(city="Paris", days=3), get_time(zone="CET")]
 
 optionally inside ``<|python_start|>...<|python_end|>``. Arguments are Python literals (JSON's
-``true``/``false``/``null`` are read too); only keyword arguments are allowed. A reply that is not such a
-list is the answer.
+``true``/``false``/``null`` are read too); only keyword arguments are allowed. A reply that starts with such
+a list is calls (or errors, when the list is malformed); text followed by a well-formed list at its end is
+content and calls; anything else is the answer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ __all__ = ["PythonicParser"]
 
 _START, _END = "<|python_start|>", "<|python_end|>"
 _JSON_NAMES = {"true": True, "false": False, "null": None}
-_LOOKS_LIKE_CALLS = re.compile(r"^\[\s*[A-Za-z_][\w.]*\s*\(")
+_LOOKS_LIKE_CALLS = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
 
 
 def _literal(node: ast.expr) -> Any:
@@ -53,13 +54,13 @@ class PythonicParser:
     markers = (_START, _END)
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None = None) -> ParseResult:
-        text = strip_markers(text)
+        text = strip_markers(text).strip()
         head, tagged, body = text.partition(_START)
         if not tagged:
-            head, body = "", text
+            head, body = self._split_tail(text)
+            if body is None:
+                return ParseResult(content=text)
         body = body.split(_END)[0].strip()
-        if not tagged and not _LOOKS_LIKE_CALLS.match(body):
-            return ParseResult(content=text.strip())
         result = ParseResult(content=head.strip())
         try:
             tree = ast.parse(body, mode="eval").body
@@ -73,3 +74,18 @@ class PythonicParser:
             call = _call(node, f"tool call {i}")
             (result.tool_calls if isinstance(call, ToolCall) else result.errors).append(call)  # type: ignore[arg-type]
         return result
+
+    @staticmethod
+    def _split_tail(text: str) -> tuple[str, str | None]:
+        """(text before the calls, the calls) of an untagged reply; (text, None) when it makes no calls."""
+        match = _LOOKS_LIKE_CALLS.search(text)
+        if match is None:
+            return text, None
+        if match.start() == 0:  # the reply is meant as calls: a malformed list is an error, not an answer
+            return "", text
+        tail = text[match.start():]
+        try:
+            ok = tail.endswith("]") and isinstance(ast.parse(tail, mode="eval").body, ast.List)
+        except SyntaxError:
+            ok = False
+        return (text[: match.start()], tail) if ok else (text, None)
