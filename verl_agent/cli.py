@@ -252,10 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     from verl_agent.models.smollm2 import add_cli as add_smollm2_cli
     from verl_agent.models.tiny import add_cli as add_model_cli
 
-    p = sub.add_parser("model", help="build the embedded tiny model or SmolLM2", description="Model utilities.")
+    p = sub.add_parser("model", help="build the embedded tiny model or SmolLM2; check a chat template", description="Model utilities.")
     actions = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     add_model_cli(actions)
     add_smollm2_cli(actions)
+    from verl_agent.models.check_template import add_cli as add_check_template_cli
+
+    add_check_template_cli(actions)
     from verl_agent.sandbox.cli import add_cli as add_sandbox_cli
     from verl_agent.sandbox.cli import run_cli as run_sandbox_cli
 
