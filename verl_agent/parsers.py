@@ -34,7 +34,7 @@ from verl_agent.formats.reasoning import THINK_CLOSE, THINK_OPEN, split_think
 from verl_agent.formats.special_tokens import DeepSeekParser, KimiK2Parser
 from verl_agent.formats.xml_calls import Glm45Parser, Qwen3CoderParser
 
-__all__ = ["FORMATS", "ParseResult", "ToolCallParser", "decode_reply", "detect_format", "get_parser",
+__all__ = ["FORMATS", "THINK_CLOSE", "THINK_OPEN", "ParseResult", "ToolCallParser", "decode_reply", "detect_format", "get_parser",
            "split_reasoning"]
 
 Tools = Sequence[Mapping[str, Any]] | None

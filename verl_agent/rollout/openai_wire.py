@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_agent.formats.reasoning import THINK_CLOSE, THINK_OPEN
-from verl_agent.parsers import decode_reply
+from verl_agent.parsers import THINK_CLOSE, THINK_OPEN, decode_reply
 from verl_agent.protocol import ROLES, Message
 from verl_agent.rollout.recorder import Reply
 
