@@ -152,7 +152,11 @@ def test_detect_and_get_parser() -> None:
     assert detect_format(_Vocab("<|python_tag|>", "<|eot_id|>")) == "llama3_json"
     assert detect_format(_Vocab("hello")) == "hermes"
     assert get_parser(None, _Vocab("[TOOL_CALLS]")).name == "mistral"
-    assert set(FORMATS) == {"hermes", "llama3_json", "mistral"}
+    assert set(FORMATS) == {"hermes", "llama3_json", "mistral", "qwen3_coder", "glm45", "deepseek", "kimi_k2",
+                            "harmony", "llama4_pythonic"}
+    assert detect_format(_Vocab("<|channel|>", "<|message|>", "<|end|>")) == "harmony"
+    assert detect_format(_Vocab("<｜tool▁calls▁begin｜>")) == "deepseek"
+    assert detect_format(_Vocab("<|tool_calls_section_begin|>", "<|im_end|>")) == "kimi_k2"
     with pytest.raises(ValueError, match="unknown tool-call format 'xml'.*hermes"):
         get_parser("xml")
 

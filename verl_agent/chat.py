@@ -26,8 +26,10 @@ from verl_agent.protocol import Message
 
 __all__ = ["ChatEncoder", "ChatTemplateError", "END_OF_TURN_TOKENS"]
 
-# Tokens that end an assistant turn in common templates (ChatML, Llama 3, Phi, Gemma, Llama 2 / Mistral).
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "</s>")
+# Tokens that end an assistant turn in common templates (ChatML, Llama 3, Phi, Gemma, Llama 2 / Mistral, Llama 4,
+# gpt-oss's harmony: <|call|> after a tool call, <|return|> after the final answer).
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "</s>", "<|eot|>",
+                      "<|call|>", "<|return|>")
 
 
 class ChatTemplateError(ValueError):
@@ -95,7 +97,11 @@ class ChatEncoder:
         if eos is not None:
             ids.append(int(eos))
         vocab = self.tokenizer.get_added_vocab()
+        # harmony's <|end|> closes one message of a turn (its analysis), not the turn
+        harmony = "<|channel|>" in vocab and "<|return|>" in vocab
         for tok in END_OF_TURN_TOKENS:
+            if harmony and tok == "<|end|>":
+                continue
             if tok in vocab and vocab[tok] not in ids:
                 ids.append(int(vocab[tok]))
         return ids

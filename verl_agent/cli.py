@@ -223,6 +223,20 @@ def _add_eval_cli(sub: argparse._SubParsersAction, fmt: type) -> None:
     p.set_defaults(func=_cmd_eval)
 
 
+def _add_model_cli(sub: argparse._SubParsersAction) -> None:
+    """`verl-agent model build-tiny | build-smollm2 | check-template`."""
+    from verl_agent.models.check_template import add_cli as add_check_template_cli
+    from verl_agent.models.smollm2 import add_cli as add_smollm2_cli
+    from verl_agent.models.tiny import add_cli as add_model_cli
+
+    p = sub.add_parser("model", help="build the embedded tiny model or SmolLM2; check a chat template",
+                       description="Model utilities.")
+    actions = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    add_model_cli(actions)
+    add_smollm2_cli(actions)
+    add_check_template_cli(actions)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="verl-agent",
@@ -249,13 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_eval_cli(sub, fmt)
 
-    from verl_agent.models.smollm2 import add_cli as add_smollm2_cli
-    from verl_agent.models.tiny import add_cli as add_model_cli
-
-    p = sub.add_parser("model", help="build the embedded tiny model or SmolLM2", description="Model utilities.")
-    actions = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    add_model_cli(actions)
-    add_smollm2_cli(actions)
+    _add_model_cli(sub)
     from verl_agent.sandbox.cli import add_cli as add_sandbox_cli
     from verl_agent.sandbox.cli import run_cli as run_sandbox_cli
 

@@ -273,7 +273,9 @@ class MultiTurnConfig(Section):
     tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
     tool_config_path: str | None = None
     interaction_config_path: str | None = None
-    format: str | None = Field(None, description="tool-call format: hermes | llama3_json | mistral; None: detect")
+    format: str | None = Field(None, description="tool-call format: one of parsers.FORMATS (hermes, llama3_json, "
+                                 "mistral, qwen3_coder, glm45, deepseek, kimi_k2, harmony, llama4_pythonic); None: "
+                                 "detect from the chat template")
 
     @field_validator("format")
     @classmethod
@@ -283,6 +285,11 @@ class MultiTurnConfig(Section):
         if value is not None and parser_key(value) not in FORMATS:
             raise ValueError(f"unknown tool-call format; choose one of {list(FORMATS)} or null (detect)")
         return value
+    history: Literal["exact", "template"] = Field(
+        "exact", description="exact: append each observation's token-exact ids to the generated ones (on-policy "
+        "token for token; needs a prefix-stable template); template: every turn's context is the chat template's "
+        "rendering of the whole history, as at deployment (earlier reasoning dropped where the template drops it); "
+        "where that rendering does not extend the tokens so far, the turn starts a new segment")
     tool_timeout: float = Field(30.0, gt=0, description="seconds one tool call may take")
     max_tokens_per_turn: int | None = Field(None, ge=1, description="tokens one assistant turn may generate "
                                             "(stop reason max_tokens_per_turn); None: no cap of its own")
@@ -692,6 +699,8 @@ def _refuse_context(c: RunConfig, refuse: _Refuse) -> None:
     hint = ("the native agent loop reads it; an agent function (rollout.agent.entrypoint) keeps its own history: "
             "its rewrites become segments, its budget is data.max_response_length")
     refuse(mt.context.strategy != "none", f"{key}.context.strategy", mt.context.strategy, hint)
+    refuse(mt.history != "exact", f"{key}.history", mt.history, "the native agent loop reads it; the OpenAI "
+           "endpoint records what the agent sends and starts a new segment wherever its history is rewritten")
     for name in ("max_tokens_per_turn", "max_total_tokens", "max_context_length"):
         refuse(getattr(mt, name) is not None, f"{key}.{name}", getattr(mt, name), hint)
 

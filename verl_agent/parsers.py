@@ -7,6 +7,12 @@ Formats:
   ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``, separated by ``;``).
 - ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` and the newer
   ``[TOOL_CALLS]name[ARGS]{...}`` form.
+- ``qwen3_coder``, ``glm45``, ``deepseek``, ``kimi_k2``, ``harmony`` (gpt-oss), ``llama4_pythonic``: see the
+  modules of `verl_agent.formats`.
+
+Reasoning: every parser but the JSON-only Llama 3 / Mistral ones separates the reasoning before the answer
+(``<think>`` blocks; harmony's analysis channel) into `ParseResult.reasoning`. `parse(text, tools)` takes
+the tools' OpenAI schemas, which the formats whose arguments arrive as strings use to type them.
 
 Malformed calls (unclosed tag, bad or partial JSON, missing name, non-object
 arguments) never vanish: each becomes an entry in `ParseResult.errors` that
@@ -16,77 +22,31 @@ quotes the raw text, so the agent loop can show the model an error message.
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from verl_agent.protocol import ToolCall
+from verl_agent.formats.base import ParseResult, add as _add, call_from_obj as _call_from_obj, decode_objects
+from verl_agent.formats.base import quote as _quote, strip_markers as _strip_markers
+from verl_agent.formats.detect import format_from_template
+from verl_agent.formats.harmony import HarmonyParser
+from verl_agent.formats.pythonic import PythonicParser
+from verl_agent.formats.reasoning import THINK_CLOSE, THINK_OPEN, split_think
+from verl_agent.formats.special_tokens import DeepSeekParser, KimiK2Parser
+from verl_agent.formats.xml_calls import Glm45Parser, Qwen3CoderParser
 
-__all__ = ["FORMATS", "ParseResult", "ToolCallParser", "decode_reply", "detect_format", "get_parser"]
+__all__ = ["FORMATS", "THINK_CLOSE", "THINK_OPEN", "ParseResult", "ToolCallParser", "decode_reply", "detect_format", "get_parser",
+           "split_reasoning"]
 
-# End-of-turn markers a decoder may leave at the end of the text; they are not content.
-_TRAILING_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "</s>", "<|end|>")
-_MAX_QUOTE = 300
-
-
-@dataclass
-class ParseResult:
-    """`content`: text without the tool calls; `errors`: one message per malformed call, quoting its raw text."""
-
-    content: str
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+Tools = Sequence[Mapping[str, Any]] | None
 
 
 class ToolCallParser(Protocol):
     name: str
     markers: tuple[str, ...]  # the tokens the parser must see (see decode_reply)
 
-    def parse(self, text: str) -> ParseResult: ...
-
-
-def _quote(raw: str) -> str:
-    return repr(raw if len(raw) <= _MAX_QUOTE else raw[:_MAX_QUOTE] + "...")
-
-
-def _strip_markers(text: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        stripped = text.rstrip()
-        for m in _TRAILING_MARKERS:
-            if stripped.endswith(m):
-                text, changed = stripped[: -len(m)], True
-    return text
-
-
-def _call_from_obj(obj: Any, raw: str, where: str, arg_keys: tuple[str, ...]) -> ToolCall | str:
-    """A ToolCall from a decoded JSON object, or an error message quoting `raw`."""
-    if not isinstance(obj, dict):
-        return f"{where}: expected a JSON object with 'name', got {type(obj).__name__}: {_quote(raw)}"
-    if isinstance(obj.get("function"), dict):  # OpenAI-style {"type": "function", "function": {...}}
-        obj = {**obj["function"], "id": obj.get("id", "")}
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return f"{where}: missing or non-string 'name': {_quote(raw)}"
-    args: Any = next((obj[k] for k in arg_keys if k in obj), {})
-    if isinstance(args, str):  # some models emit the arguments as a JSON string
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            return f"{where}: arguments of {name!r} are a string that is not valid JSON ({e.msg}): {_quote(raw)}"
-    if args is None:
-        args = {}
-    if not isinstance(args, dict):
-        return f"{where}: arguments of {name!r} must be a JSON object, got {type(args).__name__}: {_quote(raw)}"
-    return ToolCall(name=name, arguments=args, id=str(obj.get("id") or ""))
-
-
-def _add(result: ParseResult, call: ToolCall | str) -> None:
-    if isinstance(call, ToolCall):
-        result.tool_calls.append(call)
-    else:
-        result.errors.append(call)
+    def parse(self, text: str, tools: Tools = None) -> ParseResult:
+        """Content, reasoning, calls and errors of one reply; `tools`: OpenAI schemas (to type string args)."""
+        ...
 
 
 class HermesParser:
@@ -97,17 +57,17 @@ class HermesParser:
 
     name = "hermes"
     _open, _close = "<tool_call>", "</tool_call>"
-    markers = (_open, _close)
+    markers = (_open, _close, THINK_OPEN, THINK_CLOSE)
 
-    def parse(self, text: str) -> ParseResult:
-        text = _strip_markers(text)
-        result = ParseResult(content="")
+    def parse(self, text: str, tools: Tools = None) -> ParseResult:
+        reasoning, text = split_think(_strip_markers(text))  # Qwen3 thinks first
+        result = ParseResult(content="", reasoning=reasoning)
         pieces: list[str] = []
         pos, i = 0, 0
         while (start := text.find(self._open, pos)) >= 0:
             pieces.append(text[pos:start])
             body_at = start + len(self._open)
-            objs, rest = _decode_objects(text[body_at:])
+            objs, rest = decode_objects(text[body_at:])
             if objs and rest.startswith(self._close):  # rest: what follows the objects, separators skipped
                 pos = len(text) - len(rest) + len(self._close)
                 for obj, raw in objs:
@@ -133,31 +93,13 @@ class HermesParser:
         return result
 
 
-def _decode_objects(text: str) -> tuple[list[tuple[Any, str]], str]:
-    """Consecutive JSON values separated by whitespace / ';' / ','; returns them and the unparsed rest."""
-    decoder = json.JSONDecoder()
-    out: list[tuple[Any, str]] = []
-    pos = 0
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n;,":
-            pos += 1
-        if pos >= len(text):
-            return out, ""
-        try:
-            obj, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return out, text[pos:]
-        out.append((obj, text[pos:end]))
-        pos = end
-
-
 class Llama3JsonParser:
     """Llama 3.x JSON tool calls: the whole message is ``{"name": ..., "parameters": {...}}`` (maybe several)."""
 
     name = "llama3_json"
     markers = ("<|python_tag|>",)
 
-    def parse(self, text: str) -> ParseResult:
+    def parse(self, text: str, tools: Tools = None) -> ParseResult:
         text = _strip_markers(text)
         body = text.strip()
         tagged = body.startswith("<|python_tag|>")
@@ -165,7 +107,7 @@ class Llama3JsonParser:
             body = body[len("<|python_tag|>") :].lstrip()
         if not body.startswith("{"):
             return ParseResult(content=text.strip())
-        objs, rest = _decode_objects(body)
+        objs, rest = decode_objects(body)
         result = ParseResult(content="")
         if not objs or not (isinstance(objs[0][0], dict) and ("name" in objs[0][0] or "function" in objs[0][0])):
             if tagged or not objs:  # tagged means the model meant a call; untagged bad JSON may be plain text
@@ -186,7 +128,7 @@ class MistralParser:
     _tag = "[TOOL_CALLS]"
     markers = (_tag, "[ARGS]", "[CALL_ID]")
 
-    def parse(self, text: str) -> ParseResult:
+    def parse(self, text: str, tools: Tools = None) -> ParseResult:
         text = _strip_markers(text)
         if self._tag not in text:
             return ParseResult(content=text.strip())
@@ -201,7 +143,7 @@ class MistralParser:
         return result
 
     def _parse_json_form(self, body: str, result: ParseResult) -> None:
-        objs, rest = _decode_objects(body)
+        objs, rest = decode_objects(body)
         k = len(result.tool_calls) + len(result.errors)
         for obj, raw in objs:
             for item in obj if isinstance(obj, list) else [obj]:
@@ -214,7 +156,7 @@ class MistralParser:
         k = len(result.tool_calls) + len(result.errors)
         name, _, args_text = body.partition("[ARGS]")
         name, _, call_id = name.partition("[CALL_ID]")  # v13+: name[CALL_ID]id[ARGS]{...}
-        objs, rest = _decode_objects(args_text)
+        objs, rest = decode_objects(args_text)
         if len(objs) != 1 or rest.strip():
             result.errors.append(f"tool call {k}: invalid or partial JSON arguments for {name.strip()!r}: {_quote(body)}")
             return
@@ -222,14 +164,32 @@ class MistralParser:
         _add(result, _call_from_obj(obj, body, f"tool call {k}", ("arguments",)))
 
 
-_PARSERS: dict[str, type] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser}
-_ALIASES = {"qwen": "hermes", "qwen2_5": "hermes", "qwen25": "hermes", "qwen3": "hermes", "llama3": "llama3_json"}
+# The one list of format names: name -> parser class (aliases below). Keep docs/extending.md's table in step.
+_PARSERS: dict[str, type] = {
+    "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser,
+    "qwen3_coder": Qwen3CoderParser, "glm45": Glm45Parser, "deepseek": DeepSeekParser, "kimi_k2": KimiK2Parser,
+    "harmony": HarmonyParser, "llama4_pythonic": PythonicParser,
+}
+_ALIASES = {"qwen": "hermes", "qwen2_5": "hermes", "qwen25": "hermes", "qwen3": "hermes", "llama3": "llama3_json",
+            "qwen3_5": "qwen3_coder", "glm4_moe": "glm45", "glm47": "glm45", "deepseek_v31": "deepseek",
+            "deepseek_v3": "deepseek", "deepseek_v32": "deepseek", "kimi": "kimi_k2", "gpt_oss": "harmony",
+            "openai": "harmony", "llama4": "llama4_pythonic", "pythonic": "llama4_pythonic"}  # fmt: skip
 FORMATS = tuple(_PARSERS)
 
 
 def detect_format(tokenizer: Any) -> str:
-    """Guess the format from the tokenizer's vocabulary; 'hermes' when nothing tells."""
+    """The format of the tokenizer's chat template (formats/detect.py), else a guess from its vocabulary;
+    'hermes' when nothing tells."""
+    found = format_from_template(getattr(tokenizer, "chat_template", None))
+    if isinstance(found, str):
+        return found
     vocab = tokenizer.get_vocab() if tokenizer is not None else {}
+    if "<|channel|>" in vocab and "<|message|>" in vocab:
+        return "harmony"
+    if "<｜tool▁calls▁begin｜>" in vocab:
+        return "deepseek"
+    if "<|tool_calls_section_begin|>" in vocab:
+        return "kimi_k2"
     if "<tool_call>" in vocab:
         return "hermes"
     if "[TOOL_CALLS]" in vocab:
@@ -237,6 +197,19 @@ def detect_format(tokenizer: Any) -> str:
     if "<|python_tag|>" in vocab or "<|eot_id|>" in vocab:
         return "llama3_json"
     return "hermes"
+
+
+def split_reasoning(parser: ToolCallParser | None, text: str) -> tuple[str, str]:
+    """(reasoning, the rest) of a reply that is not parsed for tool calls (no tools): harmony's analysis
+    channel or ``<think>`` blocks, by the parser's format; ("", text) without a parser."""
+    if parser is None:
+        return "", text
+    if getattr(parser, "reasoning_style", "think") == "harmony":
+        parsed = parser.parse(text)
+        return parsed.reasoning, parsed.content
+    if parser.name in ("llama3_json", "mistral"):
+        return "", text
+    return split_think(text)
 
 
 def decode_reply(tokenizer: Any, ids: list[int], parser: ToolCallParser | None = None) -> str:
@@ -275,7 +248,7 @@ def parser_key(format: str) -> str:
 
 
 def get_parser(format: str | None = None, tokenizer: Any = None) -> ToolCallParser:
-    """Parser for `format` ('hermes' | 'llama3_json' | 'mistral'; None = detect from `tokenizer`)."""
+    """Parser for `format` (one of FORMATS or an alias; None = detect from `tokenizer`)."""
     if format is None:
         format = detect_format(tokenizer)
     key = parser_key(format)

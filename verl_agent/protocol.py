@@ -68,9 +68,14 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
+    # an assistant turn's reasoning (<think> block, harmony's analysis channel), apart from its content;
+    # chat templates that render reasoning read it as `reasoning_content`
+    reasoning_content: str | None = None
 
     def to_chat(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             out["tool_calls"] = [c.to_chat() for c in self.tool_calls]
         if self.tool_call_id is not None:
@@ -101,7 +106,11 @@ class Message:
 
                 args = json.loads(args)
             calls.append(ToolCall(name=fn["name"], arguments=args, id=c.get("id", "")))
-        return cls(role=role, content=content, tool_calls=calls, tool_call_id=d.get("tool_call_id"), name=d.get("name"))
+        reasoning = d.get("reasoning_content", d.get("reasoning"))
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise ValueError(f"{where}: 'reasoning_content' must be a string, got {type(reasoning).__name__}")
+        return cls(role=role, content=content, tool_calls=calls, tool_call_id=d.get("tool_call_id"), name=d.get("name"),
+                   reasoning_content=reasoning or None)
 
 
 @dataclass

@@ -7,6 +7,7 @@ Ray starts in 5-15 s on 2 cores, so every trainer test shares it. The cluster ha
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from pathlib import Path
 
@@ -97,3 +98,19 @@ def random_seqs():
         return out
 
     return make
+
+
+@pytest.fixture
+def one_rank():
+    """A gloo process group of one rank in this process (FSDP2 needs one), torn down after the test."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()

@@ -9,7 +9,6 @@ last test), a real HFEngine replica per rank.
 from __future__ import annotations
 
 import math
-import socket
 from pathlib import Path
 
 import pytest
@@ -19,25 +18,6 @@ import yaml
 from verl_agent.config import ConfigError, load_config
 
 LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def one_rank():
-    """A gloo process group of one rank in this process (FSDP2 needs one), torn down after the test."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
 
 
 def _trained(policy, seqs, step: int):

@@ -27,9 +27,11 @@ class _Builder:
         self.turns: list[Turn] = []
         self.messages = [Message("user", prompt)]
 
-    def turn(self, text: str, obs: str = "", score: float = 0.0, calls: list[ToolCall] | None = None) -> _Builder:
+    def turn(self, text: str, obs: str = "", score: float = 0.0, calls: list[ToolCall] | None = None,
+             reasoning: str | None = None) -> _Builder:  # fmt: skip
         start = len(self.ids)
-        gen = self.tok.encode(text + "<|im_end|>").ids
+        think = f"<think>\n{reasoning}\n</think>\n\n" if reasoning else ""  # generated, so trained (mask 1)
+        gen = self.tok.encode(think + text + "<|im_end|>").ids
         self.ids += gen
         self.mask += [1] * len(gen)
         self.lps += [round(-0.05 * (k % 7), 5) for k in range(len(gen))]
@@ -40,7 +42,8 @@ class _Builder:
         self.lps += [0.0] * len(obs_ids)
         self.turns.append(Turn(start, end, len(self.ids), num_tool_calls=len(calls or []), score=score,
                                gen_seconds=0.25, tool_seconds=0.01 if calls else 0.0))  # fmt: skip
-        self.messages.append(Message("assistant", text if not calls else "", tool_calls=calls or []))
+        self.messages.append(Message("assistant", text if not calls else "", tool_calls=calls or [],
+                                     reasoning_content=reasoning))  # fmt: skip
         return self
 
     def tool_result(self, name: str, call_id: str, content: str) -> _Builder:
@@ -71,6 +74,18 @@ def step_batch(tok, step: int) -> RolloutBatch:
     trunc = _Builder(tok, "calc:2", "Compute 2 ** 10.").turn("Let me think step by step about powers").build(
         0.0, "policy_failure", "budget_exhausted", stop="response_budget")
     return RolloutBatch([ok, wrong, infra, trunc])
+
+
+def reasoning_batch(tok) -> RolloutBatch:
+    """1 trajectory of a reasoning model: a thought before a tool call, another before the answer."""
+    call = ToolCall("calculator", {"expression": "37 * 12"}, id="call_r")
+    t = (_Builder(tok, "think:1", "What is 37 * 12?")
+         .turn("", obs="<|im_start|>tool\n444<|im_end|>\n<|im_start|>assistant\n", calls=[call], score=0.1,
+               reasoning="Multiplication: better ask the calculator.")
+         .tool_result("calculator", call.id, "444")
+         .turn("The answer is 444.", score=1.0, reasoning="The calculator said 444; that is the product.")
+         .build(1.0))  # fmt: skip
+    return RolloutBatch([t])
 
 
 def write_metrics(run: Path) -> None:

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from verl_agent.engine.contract import Engine, SamplingParams
-from verl_agent.parsers import decode_reply
+from verl_agent.parsers import decode_reply, split_reasoning
 from verl_agent.protocol import SUCCESS_THRESHOLD, Message, RolloutBatch, Sample, Trajectory, Turn
 from verl_agent.reward import RewardFunction, default_scorer
 from verl_agent.rollout.context import ContextError, ContextStrategy, summary_message
@@ -161,7 +161,8 @@ class AgentLoop:
         if overlong_prompts not in ("error", "filter", "left", "right"):
             raise ValueError(f"overlong_prompts must be error, filter, left or right, got {overlong_prompts!r}")
         self.overlong_prompts = overlong_prompts
-        self.parser = get_parser(self.mt.format, tokenizer) if self.tools else None
+        # built without tools too: the reasoning of a reply is separated by its format
+        self.parser = get_parser(self.mt.format, tokenizer) if tokenizer is not None else None
         self.policy_version = 0
         self._engine_sessions = _accepts_session(engine)
         self.context = ContextStrategy(self.mt.context, tokenizer)
@@ -287,7 +288,13 @@ class AgentLoop:
                     await self._ask_interaction(ep, turn)  # it scores the final reply; its follow-up is dropped
                 raise _Stop("max_assistant_turns")
             new = await self._observe(ep, turn)
-            obs = self._encode_observation(ep, new)
+            if self.mt.history == "template":
+                obs = self._template_observation(ep, new)
+                if obs is None:  # the template rewrote the history: this turn's context starts a segment
+                    self._template_segment(ep, new)
+                    continue
+            else:
+                obs = self._encode_observation(ep, new)
             if self._rewrite_due(ep, len(obs)) and await self._rewrite(ep, new, len(obs), sampling, stop_ids):
                 continue
             self._check_fits(ep, len(obs))
@@ -407,6 +414,26 @@ class AgentLoop:
                              policy_version=self.policy_version)  # fmt: skip
         ep.messages = ep.traj.messages
 
+    def _template_observation(self, ep: _Episode, new: list[Message]) -> list[int] | None:
+        """history=template: the ids that the template's rendering of the whole history (with `new`) adds after the
+        segment's ids, or None when that rendering does not start with them (earlier reasoning dropped, a
+        re-tokenized reply, any rewrite): the model at deployment would see the rendering, not our ids."""
+        ids = list(ep.encoder.encode_prompt([*ep.messages, *new]))
+        current = ep.traj.prompt_ids + ep.traj.response_ids
+        if len(ids) > len(current) and ids[: len(current)] == current:
+            return ids[len(current):]
+        return None
+
+    def _template_segment(self, ep: _Episode, new: list[Message]) -> None:
+        """history=template: the next turn's context is the template's rendering of the history; it is trained
+        as a segment of its own (the transcript keeps the whole episode, as for a context rewrite)."""
+        context = [*ep.messages, *new]
+        transcript = [*ep.transcript, *new] if ep.transcript is not ep.messages else context
+        seen = len(ep.traj.prompt_ids) + len(ep.traj.response_ids)
+        self._new_segment(ep, context)
+        ep.total_tokens += max(0, len(ep.traj.prompt_ids) - seen)  # what the rendering adds (max_total_tokens)
+        ep.transcript = transcript
+
     def _encode_observation(self, ep: _Episode, new: list[Message]) -> list[int]:
         """Observation ids after the last assistant turn.
 
@@ -451,9 +478,16 @@ class AgentLoop:
         out, turn = await self._sample(ep, sp)
         ep.assistant_turns += 1
         ep.last_text = decode_reply(self.tokenizer, out.token_ids, self.parser)
-        parsed = self.parser.parse(ep.last_text) if self.parser else None
-        content = parsed.content if parsed else ep.last_text
-        ep.add(Message(role="assistant", content=content, tool_calls=parsed.tool_calls if parsed else []))
+        if self.tools and self.parser is not None:
+            parsed = self.parser.parse(ep.last_text, ep.encoder.tools)
+            reasoning, content = parsed.reasoning, parsed.content
+        else:
+            parsed = None
+            reasoning, content = split_reasoning(self.parser, ep.last_text)
+            content = content.strip() if reasoning else content
+        # the reasoning tokens stay in the trajectory as generated (mask 1: trained); the message keeps it apart
+        ep.add(Message(role="assistant", content=content, tool_calls=parsed.tool_calls if parsed else [],
+                       reasoning_content=reasoning or None))
         ep.pending = parsed
         if out.finish_reason == "length":  # the smallest cap this turn reached names the stop; else the engine's
             hit = [(left, reason) for reason, left in ep.caps.items() if len(out.token_ids) >= left]

@@ -33,7 +33,7 @@ from fastapi import FastAPI
 
 from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.rollout.openai_wire import (
-    ChatRequest, RequestError, StreamText, chunk_head, completion_body, content_chunk, error_body, final_chunks,
+    ChatRequest, RequestError, StreamText, chunk_head, completion_body, delta_chunk, error_body, final_chunks,
     forced_prefix, parse_request, role_chunk,
 )
 from verl_agent.rollout.recorder import BudgetExceeded, Reply, SessionRecorder
@@ -130,6 +130,7 @@ class OpenAIServer:
             forced = self._forced_ids(req.tool_choice) if parse_tools else []
             try:
                 seg, obs, prompt = rec.prepare(req.messages, req.tools)
+                rec.prompt_tail = prompt[-4:]  # a stream reads whether the prompt opened a <think> block
                 overrides = req.sampling if self.use_request_sampling else {}
                 sp = rec.sampling_for(seg, req.max_tokens, overrides, reserve=len(forced), obs=len(obs))
             except BudgetExceeded as e:
@@ -222,13 +223,13 @@ class OpenAIServer:
         head = chunk_head(req, f"chatcmpl-{sid}-{next(self._ids)}")
         rec = self.sessions.get(sid)
         parser = self.parser if req.tools and req.tool_choice != "none" else None
+        tail = self.tokenizer.decode(rec.prompt_tail) if rec is not None else ""
         text = StreamText(self.tokenizer, parser, req.stop, hold_all=bool(self._forced_ids(req.tool_choice))
-                          and parser is not None)  # fmt: skip
+                          and parser is not None, reasoning_parser=self.parser,
+                          opened=tail.rstrip().endswith("<think>"))  # fmt: skip
         body = [role_chunk(head)]
         async for ids in _arrivals(queue, item):
-            delta = text.push(ids)
-            if delta:
-                body.append(content_chunk(head, delta))
+            body += [delta_chunk(head, field, delta) for field, delta in text.push(ids)]
             if body:
                 await send({"type": "http.response.body", "body": b"".join(body), "more_body": True})
                 body = []
@@ -239,7 +240,8 @@ class OpenAIServer:
                 rec.counts["server_errors"] += 1
             body.append(b"data: " + json.dumps(error_body(e)).encode() + b"\n\n")
         else:
-            body += final_chunks(reply, req, head, text.final(reply.message.content or ""), self.tokenizer)
+            rest = text.final(reply.message.content or "", reply.message.reasoning_content)
+            body += final_chunks(reply, req, head, rest, self.tokenizer)
         await send({"type": "http.response.body", "body": b"".join(body), "more_body": False})
 
     def _build_app(self) -> Any:

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_agent.parsers import decode_reply
+from verl_agent.parsers import THINK_CLOSE, THINK_OPEN, decode_reply
 from verl_agent.protocol import ROLES, Message
 from verl_agent.rollout.recorder import Reply
 
-__all__ = ["ChatRequest", "RequestError", "StreamText", "chunk_head", "completion_body", "content_chunk", "error_body",
+__all__ = ["ChatRequest", "RequestError", "StreamText", "chunk_head", "completion_body", "content_chunk", "delta_chunk", "error_body",
            "final_chunks", "forced_prefix", "parse_request", "role_chunk"]
 
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "presence_penalty",
@@ -221,6 +221,8 @@ def _usage(reply: Reply) -> dict:
 
 def completion_body(reply: Reply, req: ChatRequest, cid: str, tokenizer: Any) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": "assistant", "content": reply.message.content or None, "refusal": None}
+    if reply.message.reasoning_content:  # the field vLLM and SGLang's reasoning parsers fill
+        msg["reasoning_content"] = reply.message.reasoning_content
     if reply.message.tool_calls:
         msg["tool_calls"] = _calls(reply, stream=False)
     choice = {"index": 0, "message": msg, "finish_reason": reply.finish_reason,
@@ -230,44 +232,88 @@ def completion_body(reply: Reply, req: ChatRequest, cid: str, tokenizer: Any) ->
 
 
 class StreamText:
-    """Which part of a reply's text may already be sent as `delta.content` while tokens arrive.
+    """Which part of a reply's text may already be sent as `delta.reasoning_content` / `delta.content` while
+    tokens arrive.
 
-    Sent text must be a prefix of the final message content, so it holds back: an incomplete UTF-8
-    character at the end, anything from a (possible) stop string on, and, when tool calls are parsed,
-    anything from a (possible) tool-call start on plus surrounding whitespace (the parsers strip it).
-    A format whose calls have no start marker to watch for (or an unknown parser) holds everything
-    back until the end. `final(content)` returns the rest once the reply is complete."""
+    Sent text must be a prefix of the final message's field, so it holds back: an incomplete UTF-8 character
+    at the end, anything from a (possible) stop string on, and, when tool calls are parsed, anything from a
+    (possible) tool-call start on plus surrounding whitespace (the parsers strip it). A format whose calls
+    have no start marker to watch for (or an unknown parser) holds everything back until the end, and so
+    does harmony (its channels decide what is reasoning). Reasoning in ``<think>`` streams as it comes; the
+    content after ``</think>``. `opened`: the generation prompt ended inside ``<think>`` (DeepSeek V3.1,
+    Qwen3-Thinking-2507), so the reply starts as reasoning. `final(content, reasoning)` returns the rest."""
 
-    def __init__(self, tokenizer: Any, parser: Any, stop: list[str], hold_all: bool = False) -> None:
-        """`parser`: the tool-call parser when this reply's calls are parsed, else None."""
+    def __init__(self, tokenizer: Any, parser: Any, stop: list[str], hold_all: bool = False,
+                 reasoning_parser: Any = None, opened: bool = False) -> None:  # fmt: skip
+        """`parser`: the tool-call parser when this reply's calls are parsed, else None; `reasoning_parser`: the
+        endpoint's parser, whose format says how reasoning is written (None: no reasoning)."""
         self.tokenizer, self.parser, self.stop, self.hold_all = tokenizer, parser, stop, hold_all
         self.parser_name = getattr(parser, "name", "?") if parser is not None else None
+        style = getattr(reasoning_parser, "reasoning_style", "think") if reasoning_parser is not None else None
+        if style == "harmony":
+            self.hold_all = True
+        self.think = style == "think" and getattr(reasoning_parser, "name", "") not in ("llama3_json", "mistral")
+        self.opened = opened
         self.ids: list[int] = []
-        self.sent = ""
+        self.sent, self.sent_reasoning = "", ""
+        self.decode_parser = parser or reasoning_parser
 
-    def push(self, ids: list[int]) -> str:
-        """Add generated ids; returns the content that can be sent now ("" if none)."""
+    def push(self, ids: list[int]) -> list[tuple[str, str]]:
+        """Add generated ids; returns the (field, text) deltas that can be sent now (field: reasoning_content
+        or content)."""
         self.ids += ids
         if self.hold_all:
-            return ""
-        text = decode_reply(self.tokenizer, self.ids, self.parser)
+            return []
+        text = decode_reply(self.tokenizer, self.ids, self.decode_parser)
         end = len(text.rstrip("\ufffd"))
         for s in self.stop:
             end = min(end, _hold(text, s, end))
+        text = text[:end]
+        out: list[tuple[str, str]] = []
+        if self.think:
+            thinking, text = self._reasoning(text)
+            if thinking is not None and thinking.startswith(self.sent_reasoning) and len(thinking) > len(self.sent_reasoning):
+                out.append(("reasoning_content", thinking[len(self.sent_reasoning):]))
+                self.sent_reasoning = thinking
+            if text is None:
+                return out
         if self.parser_name is not None:
-            end = min(end, _call_start(self.parser_name, text[:end]))
-            target = text[:end].strip()
+            target = text[:_call_start(self.parser_name, text)].strip()
         else:
-            target = text[:end]
-        if len(target) <= len(self.sent) or not target.startswith(self.sent):
-            return ""
-        delta, self.sent = target[len(self.sent):], target
-        return delta
+            target = text.lstrip() if self.sent_reasoning or self.opened else text
+        if len(target) > len(self.sent) and target.startswith(self.sent):
+            out.append(("content", target[len(self.sent):]))
+            self.sent = target
+        return out
 
-    def final(self, content: str) -> str:
-        if not content.startswith(self.sent):  # would mean decode(ids[:k]) is not a prefix of decode(ids)
-            raise AssertionError(f"streamed content {self.sent!r} is not a prefix of the reply {content!r}")
-        return content[len(self.sent):]
+    def _reasoning(self, text: str) -> tuple[str | None, str | None]:
+        """(reasoning that may be sent, text after the reasoning); None for what is not known yet."""
+        body = text.lstrip()
+        if not self.opened:
+            if THINK_OPEN.startswith(body):  # "", "<", "<th": a block may be opening
+                return None, None
+            if not body.startswith(THINK_OPEN):
+                return None, text
+            body = body[len(THINK_OPEN):]
+        close = body.find(THINK_CLOSE)
+        if close >= 0:
+            return body[:close].strip(), body[close + len(THINK_CLOSE):]
+        held = body[: _hold(body, THINK_CLOSE, len(body))]
+        return held.strip(), None
+
+    def final(self, content: str, reasoning: str | None = None) -> list[tuple[str, str]]:
+        """The deltas that complete the reply once it is known: the rest of its reasoning and of its content."""
+        out = []
+        reasoning = reasoning or ""
+        if not reasoning.startswith(self.sent_reasoning) or not content.startswith(self.sent):
+            # would mean decode(ids[:k]) is not a prefix of decode(ids)
+            raise AssertionError(f"streamed {self.sent_reasoning!r} / {self.sent!r} are not prefixes of the reply's "
+                                 f"reasoning {reasoning!r} / content {content!r}")
+        if reasoning[len(self.sent_reasoning):]:
+            out.append(("reasoning_content", reasoning[len(self.sent_reasoning):]))
+        if content[len(self.sent):]:
+            out.append(("content", content[len(self.sent):]))
+        return out
 
 
 def _hold(text: str, marker: str, end: int) -> int:
@@ -281,7 +327,9 @@ def _hold(text: str, marker: str, end: int) -> int:
     return end
 
 
-_CALL_MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
+# where each format's calls start (text before it may stream as content); Llama 4's list is found below
+_CALL_MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "qwen3_coder": "<tool_call>", "glm45": "<tool_call>",
+                 "deepseek": "<｜tool▁calls▁begin｜>", "kimi_k2": "<|tool_calls_section_begin|>"}
 
 
 def _call_start(parser_name: str, text: str) -> int:
@@ -290,6 +338,8 @@ def _call_start(parser_name: str, text: str) -> int:
     if parser_name == "llama3_json":  # the whole message is the call when it starts with '{'
         body = text.lstrip()
         return 0 if not body or body[0] in "{<" else len(text)
+    if parser_name == "llama4_pythonic":  # calls may follow text: hold from any '[' on (or <|python_start|>)
+        return min(_hold(text, "[", len(text)), _hold(text, "<|python_start|>", len(text)))
     return 0
 
 
@@ -325,10 +375,17 @@ def content_chunk(head: dict, text: str) -> bytes:
     return _event(head, {"content": text})
 
 
-def final_chunks(reply: Reply, req: ChatRequest, head: dict, rest: str, tokenizer: Any) -> list[bytes]:
-    """What follows the streamed content: the rest of it, the tool calls (a header with id and name, then the
-    arguments), the log-probs of the whole reply, the finish chunk, usage if asked, and `[DONE]`."""
-    events = [content_chunk(head, rest)] if rest else []
+def delta_chunk(head: dict, field: str, text: str) -> bytes:
+    """A `content` or `reasoning_content` delta."""
+    return _event(head, {field: text})
+
+
+def final_chunks(reply: Reply, req: ChatRequest, head: dict, rest: list[tuple[str, str]], tokenizer: Any
+                 ) -> list[bytes]:  # fmt: skip
+    """What follows the streamed deltas: the rest of the reasoning and content (`StreamText.final`), the tool calls (a
+    header with id and name, then the arguments), the log-probs of the whole reply, the finish chunk, usage if
+    asked, and `[DONE]`."""
+    events = [delta_chunk(head, field, text) for field, text in rest]
     for c in _calls(reply, stream=True):
         fn = c["function"]
         events.append(_event(head, {"tool_calls": [{**c, "function": {"name": fn["name"], "arguments": ""}}]}))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verl_agent.chat import ChatEncoder, ChatTemplateError
-from verl_agent.parsers import decode_reply
+from verl_agent.parsers import decode_reply, split_reasoning
 from verl_agent.protocol import Message, ToolCall, Trajectory, Turn
 from verl_agent.engine.contract import GenerateOutput, SamplingParams
 
@@ -105,6 +105,7 @@ class SessionRecorder:
         self.stop_reason: str | None = None  # set when a budget ran out
         self.lock = asyncio.Lock()
         self.closed = False
+        self.prompt_tail: list[int] = []  # the last ids of the latest call's prompt (streams read it)
         self._eos = set(ChatEncoder(tokenizer).eos_token_ids)
 
     # -- prompt --------------------------------------------------------------------------------
@@ -176,14 +177,14 @@ class SessionRecorder:
         turn = Turn(gen_start=start, gen_end=len(traj.response_ids), obs_end=len(traj.response_ids))
         turn.stamp_versions(out.versions[: len(ids)] if out.versions else None, version)
         traj.turns.append(turn)
-        parser = self.parser if parse_tools else None  # what StreamText streamed was decoded the same way
+        parser = self.parser  # as StreamText decodes: the format's markers (reasoning, calls) kept
         head = decode_reply(self.tokenizer, forced, parser) if forced else ""
         seg.last_text = decode_reply(self.tokenizer, forced + ids, parser)
         text = seg.last_text if cut is None else head + cut
         seg.closed = not ids or ids[-1] not in self._eos
         if finish == "length":
             self.stop_reason = "response_budget" if self.budget(seg) <= 0 else "engine_length"
-        message, malformed = self._message(text, parse_tools, allowed, len(traj.turns), required)
+        message, malformed = self._message(text, parse_tools, allowed, len(traj.turns), required, seg.encoder.tools)
         seg.history.append(message)
         seg.keys.append(message_key(message))
         self.counts["calls"] += 1
@@ -208,23 +209,28 @@ class SessionRecorder:
         return ids, lps, finish, text[:pos]
 
     def _message(self, text: str, parse_tools: bool, allowed: str | None, turn: int,
-                 required: bool = False) -> tuple[Message, list[str]]:  # fmt: skip
+                 required: bool = False, tools: list[dict] | None = None) -> tuple[Message, list[str]]:  # fmt: skip
         """The assistant message: parsed tool calls (OpenAI ids minted here), or the text when a call is malformed
-        or `tool_choice` is not met (no call although `required`, or a call of another function than `allowed`)."""
+        or `tool_choice` is not met (no call although `required`, or a call of another function than `allowed`).
+        The reasoning is kept apart (`reasoning_content`) in every case."""
+        reasoning, answer = split_reasoning(self.parser, text)
         if not parse_tools or self.parser is None:
-            return Message(role="assistant", content=text), []
-        parsed = self.parser.parse(text)
+            return Message(role="assistant", content=answer.strip() if reasoning else answer,
+                           reasoning_content=reasoning or None), []  # fmt: skip
+        parsed = self.parser.parse(text, tools)
         calls = parsed.tool_calls
         if parsed.errors:
-            return Message(role="assistant", content=text.strip()), parsed.errors
+            return Message(role="assistant", content=answer.strip(), reasoning_content=reasoning or None), parsed.errors
         wrong = not calls if required or allowed is not None else False
         if wrong or allowed is not None and any(c.name != allowed for c in calls):
             self.counts["tool_choice_violations"] += 1
             want = f"a call of {allowed!r}" if allowed is not None else "a tool call"
-            return Message(role="assistant", content=text.strip()), [f"tool_choice asked for {want}"]
-        calls = [ToolCall(name=c.name, arguments=c.arguments, id=f"call_{self.sid}_{turn}_{i}")
+            return Message(role="assistant", content=answer.strip(), reasoning_content=reasoning or None), \
+                [f"tool_choice asked for {want}"]
+        calls = [ToolCall(name=c.name, arguments=c.arguments, id=c.id or f"call_{self.sid}_{turn}_{i}")
                  for i, c in enumerate(calls)]  # fmt: skip
-        return Message(role="assistant", content=parsed.content, tool_calls=calls), []
+        return Message(role="assistant", content=parsed.content, tool_calls=calls,
+                       reasoning_content=parsed.reasoning or None), []
 
     def sampling_for(self, seg: Segment, max_tokens: int | None, overrides: dict[str, float],
                      reserve: int = 0, obs: int = 0) -> SamplingParams:  # fmt: skip

@@ -136,7 +136,8 @@ class JsonlIndex:
         return _loads_record(self.raw(i), e.lineno)
 
     def details(self, i: int) -> dict[str, Any]:
-        """Messages-level facts of entry `i` (cached): tools used, turns, first prompt, searchable text."""
+        """Messages-level facts of entry `i` (cached): tools used, turns, first prompt, searchable text (contents,
+        reasoning, tool calls)."""
         e = self.entries[i]
         if e.details is None:
             e.details = _details(self.raw(i), e.lineno) if e.error is None else {}
@@ -185,6 +186,7 @@ def _details(raw: bytes, lineno: int) -> dict[str, Any]:
     first_user = next((m.get("content") or "" for m in msgs if m.get("role") == "user"), "")
     text = "\n".join(
         [m.get("content") or "" for m in msgs]
+        + [m["reasoning_content"] for m in msgs if isinstance(m.get("reasoning_content"), str)]
         + [json.dumps(c.get("function"), ensure_ascii=False) for m in msgs for c in (m.get("tool_calls") or [])]
         + [rec.get("error") or "", str(rec.get("uid", ""))]
     )

@@ -35,6 +35,7 @@ function turnCell(t, k, rec) {
   return h("td", { class: "turn-cell" },
     h("div", { class: "turn-info" }, `score ${fmt(t.info ? t.info.score : 0)}` +
       (t.info && t.info.num_tool_calls ? ` · ${t.info.num_tool_calls} tool call(s)` : "")),
+    reasoningEl(m),
     m.content ? h("pre", { class: "content" }, m.content) : null,
     (m.tool_calls || []).map(toolCallEl),
     t.obs.map((o) => h("div", { class: `obs role-${o.role}` },

@@ -43,6 +43,14 @@ function toolCallEl(call) {
     h("pre", { class: "tool-args" }, args));
 }
 
+// An assistant turn's reasoning (<think> block, harmony's analysis channel), folded: its tokens are in the token view.
+function reasoningEl(m) {
+  const r = m && m.reasoning_content;
+  if (!r) return null;
+  return h("details", { class: "reasoning" },
+    h("summary", {}, `reasoning (${r.length} characters)`), h("pre", { class: "reasoning-text" }, r));
+}
+
 // {k, n} when the episode's context was rewritten (rec is segment k of n: rollout/context.py), else null.
 function segmentOf(rec) {
   const m = rec.metrics || {};
@@ -74,6 +82,7 @@ function renderConversation(rec) {
     box.appendChild(h("div", { class: cls },
       h("div", { class: "msg-head" }, h("b", {}, label), extra,
         m.tool_call_id ? h("span", { class: "muted" }, ` for ${m.tool_call_id}`) : null),
+      reasoningEl(m),
       m.content ? h("pre", { class: "content" }, m.content) : null,
       (m.tool_calls || []).map(toolCallEl)));
   }
@@ -199,3 +208,4 @@ window.renderTrajectory = renderTrajectory;
 window.outcomeBadge = outcomeBadge;
 window.fmt = fmt;
 window.toolCallEl = toolCallEl;
+window.reasoningEl = reasoningEl;
