@@ -31,11 +31,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Trajectory
+from verl_agent.protocol import SCORED_OUTCOMES, SUCCESS_THRESHOLD, RolloutBatch, Trajectory
 
-__all__ = ["SCORED", "TrajectorySummary", "summarize"]
-
-SCORED = ("ok", "policy_failure")  # the outcomes whose reward is the model's (Trajectory.trainable)
+__all__ = ["TrajectorySummary", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,7 @@ def summarize(trajectories: RolloutBatch | Iterable[Trajectory | TrajectorySumma
 def _episode_metrics(episodes: list[TrajectorySummary]) -> dict[str, float]:
     n = max(1, len(episodes))
     outcomes = Counter(t.outcome for t in episodes)
-    scored = [t for t in episodes if t.outcome in SCORED]
+    scored = [t for t in episodes if t.outcome in SCORED_OUTCOMES]
     out: dict[str, float] = {
         "rollout/num_episodes": float(len(episodes)),
         "rollout/num_scored": float(len(scored)),
@@ -119,7 +117,7 @@ def _episode_metrics(episodes: list[TrajectorySummary]) -> dict[str, float]:
 
 def _trajectory_metrics(trajs: list[TrajectorySummary]) -> dict[str, float]:
     calls = sum(t.num_tool_calls for t in trajs)
-    scored = [t for t in trajs if t.outcome in SCORED]
+    scored = [t for t in trajs if t.outcome in SCORED_OUTCOMES]
     out: dict[str, float] = {
         "rollout/num_trajectories": float(len(trajs)),
         "rollout/tool_calls_total": calls,

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_agent.config import RunConfig, save_config
-from verl_agent.rollout.metrics import SCORED, TrajectorySummary, summarize
+from verl_agent.protocol import SCORED_OUTCOMES
+from verl_agent.rollout.metrics import TrajectorySummary, summarize
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.algorithms import make_kl_controller
 from verl_agent.trainer.controller import WorkerGroup, cpus_needed, init_ray
@@ -243,7 +244,7 @@ def _rollout_metrics(outs: list[RolloutResult], summaries: list[TrajectorySummar
     metrics = {"time/reward": max(out.reward_seconds for out in outs),
                "time/tools": max(out.tool_seconds for out in outs), **summarize(summaries)}
     # the engines hold version step-1; only what the loss sees has a lag that matters
-    lags = [step - 1 - summary.oldest_version for summary in summaries if summary.outcome in SCORED]
+    lags = [step - 1 - summary.oldest_version for summary in summaries if summary.outcome in SCORED_OUTCOMES]
     metrics["rollout/policy_lag/mean"] = sum(lags) / max(1, len(lags))
     metrics["rollout/policy_lag/max"] = float(max(lags, default=0))
     for attr in ("counts", "engine"):  # failure-rule counts; engine counters of this step, all replicas
