@@ -114,3 +114,13 @@ def test_options_may_follow_the_subcommand_and_tools_list_sizes_the_tool_block(c
     err = capsys.readouterr().err
     assert f"of 1088 prompts exceed data.max_prompt_length={longest - 1} (longest: {longest} tokens" in err
     assert f"Raise data.max_prompt_length to {longest}" in err
+
+
+def test_a_repeated_option_before_overrides_is_parsed_once():
+    """Overrides after options take the re-parse path: an option given twice (--model) must not double."""
+    from verl_agent.cli import parse_args
+
+    args = parse_args(["eval", "c.yaml", "--model", "a", "--model", "b", "--k", "2", "data.train_batch_size=4"])
+    assert (args.config, args.model, args.k, args.overrides) == ("c.yaml", ["a", "b"], 2, ["data.train_batch_size=4"])
+    args = parse_args(["tools", "list", "--json", "t.yaml", "a=1"])
+    assert (args.action, args.config, args.json, args.overrides) == ("list", "t.yaml", True, ["a=1"])

@@ -332,14 +332,15 @@ def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace,
         parser = subs[0].choices[name]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line as users type it: options before or after positionals, key=value overrides anywhere."""
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     args, rest = parser.parse_known_args(words)
     if rest:  # options before positionals (`tools list --json FILE`): argparse matches positionals in one run
         sub, tail = _innermost(parser, args, words)
-        for action in sub._actions:  # its positionals are parsed again, from scratch
-            if not action.option_strings and hasattr(args, action.dest):
+        for action in sub._actions:  # its arguments are parsed again, from scratch (append actions included)
+            if hasattr(args, action.dest):
                 delattr(args, action.dest)
         args, rest = sub.parse_known_intermixed_args(tail, namespace=args)
     # key=value overrides may also follow an option (`rollout c.yaml --split train a=1`): argparse leaves
@@ -348,6 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *rest]
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from verl_agent.config import ConfigError
