@@ -19,6 +19,10 @@ forward + sampling / wall), p50/p99 turn latency. Every engine row is warmed up 
 Prints a table and one JSON line. Random weights are fine: only shapes matter.
 On CUDA each engine row also gets a roofline line (bench/roofline.py): its decode ms per step against the
 bandwidth floor for the shape, its mean rows and the workload's mean context while decoding.
+Progress goes to stderr (bench/progress.py): the workload's size first, then for each engine row a line at
+least every --progress-every seconds (graph capture, warm-up, run: tokens done, rate, time left at that
+rate) and, after the warm-up, the longest the run can take at the warm-up's rate (more rows per decode step
+only make it faster).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from progress import Progress
 from roofline import roofline, roofline_line
 
 SHAPES = {
@@ -69,7 +74,13 @@ def workload(n: int, a: argparse.Namespace, vocab: int, seed: int) -> list[Traje
     return out
 
 
-async def run_engine(engine, trajs: list[Trajectory], sessions: bool) -> dict[str, float]:
+def generated(trajs: list[Trajectory]) -> int:
+    """Tokens the workload generates (each turn's max_new_tokens, no EOS)."""
+    return sum(t for tr in trajs for t, _, _ in tr.turns)
+
+
+async def run_engine(engine, trajs: list[Trajectory], sessions: bool,
+                     progress: Progress | None = None) -> dict[str, float]:  # fmt: skip
     from verl_agent.engine.contract import SamplingParams
 
     lat: list[float] = []
@@ -85,6 +96,8 @@ async def run_engine(engine, trajs: list[Trajectory], sessions: bool) -> dict[st
             lat.append(time.perf_counter() - t0)
             assert len(out.token_ids) == new, (len(out.token_ids), new, out.finish_reason)
             gen, prefill = gen + new, prefill + len(ctx)
+            if progress is not None:
+                progress.add(new)
             ctx += out.token_ids
             if wait:
                 await asyncio.sleep(wait)
@@ -116,14 +129,24 @@ async def engine_row(model, row: str, trajs, warm, a) -> dict[str, float]:
 
     max_len = a.prompt_len + a.max_turns * (a.turn_max + a.tool_max)
     kw = {"device": a.device, "stop_on_eos": False, "seed": 0}
-    if row == "batch":
-        engine = PerBatchEngine(model, max_batch_size=a.slots, **kw)
-    else:
-        engine = HFEngine(model, max_num_seqs=a.slots, max_model_len=max_len,
-                          gpu_memory_utilization=a.gpu_memory_utilization, **kw)  # fmt: skip
-        await engine.capture_graphs()
-    await run_engine(engine, warm, sessions=row.endswith("kv"))
-    res = await run_engine(engine, trajs, sessions=row.endswith("kv"))
+    sessions = row.endswith("kv")
+    with Progress(f"{row} warm-up", generated(warm), every=a.progress_every) as bar:
+        if row == "batch":
+            engine = PerBatchEngine(model, max_batch_size=a.slots, **kw)
+        else:
+            engine = HFEngine(model, max_num_seqs=a.slots, max_model_len=max_len,
+                              gpu_memory_utilization=a.gpu_memory_utilization, **kw)  # fmt: skip
+            bar.phase = "capturing the decode graphs"
+            graphs = await engine.capture_graphs()
+            print(f"# {row}: {graphs} decode graphs captured in {bar.clock() - bar.start:.1f}s", file=sys.stderr)
+            bar.phase = ""
+        warm_res = await run_engine(engine, warm, sessions, bar)
+    total = generated(trajs)
+    print(f"# {row}: warm-up {warm_res['gen_tok_s']:,.0f} tok/s with {len(warm)} trajectories; the run's "
+          f"{total:,} tokens take at most ~{total / warm_res['gen_tok_s']:,.0f}s at that rate", file=sys.stderr,
+          flush=True)  # fmt: skip
+    with Progress(row, total, every=a.progress_every) as bar:
+        res = await run_engine(engine, trajs, sessions, bar)
     m = engine.metrics()
     res["cuda_graphs"] = m.get("engine/cuda_graphs", 0.0)
     res["kv_slots"] = m.get("engine/kv_slots", 0.0)
@@ -209,6 +232,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--no-tools", action="store_true", help="tool waits of 0 s (tool tokens still appended)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--progress-every", type=float, default=15.0, help="seconds between progress lines (stderr)")
     a = p.parse_args()
     gpu = a.device.startswith("cuda")
     for k, g, c in [("n", 256, 32), ("prompt_len", 256, 32), ("turn_min", 32, 8), ("turn_max", 512, 96),
@@ -224,6 +248,10 @@ def main() -> None:
     model = build_model(a)
     trajs = workload(a.n, a, model.config.vocab_size, a.seed)
     warm = workload(min(a.n, 16), argparse.Namespace(**{**vars(a), "no_tools": True}), model.config.vocab_size, 99)
+    turns = [t for tr in trajs for t in tr.turns]
+    print(f"# workload: {len(trajs)} trajectories, {len(turns)} turns, {generated(trajs):,} generated tokens, "
+          f"{sum(w for _, w, _ in turns):,.0f}s of tool waits (concurrent); rows {a.rows}", file=sys.stderr,
+          flush=True)  # fmt: skip
     res: dict[str, dict] = {}
     for row in a.rows.split(","):
         t0 = time.perf_counter()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from verl_agent.cli import main
+from verl_agent.tools import load_tools
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,3 +87,40 @@ def test_verl_quickstart_command_line_trains(tmp_path, tiny_model_path):
     assert all(s["rollout/num_trajectories"] == 12 for s in train_steps)  # 3 prompts x n=4
     assert "reward_fn: reward_fn.math_reward_fn" in (tmp_path / "config.yaml").read_text()
     assert (tmp_path / "hf_model" / "config.json").exists()
+
+
+def test_options_may_follow_the_subcommand_and_tools_list_sizes_the_tool_block(capsys, monkeypatch, tiny_model_path):
+    """`tools list --json FILE` as users type it; with a run config each tool's prompt tokens (the tiny model's
+    chat template) and a warning when the tool block pushes the longest prompt past data.max_prompt_length."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.chdir(ROOT)
+    assert main(["tools", "list", "--json", "examples/calculator/tools.yaml"]) == 0
+    assert [s["function"]["name"] for s in json.loads(capsys.readouterr().out)] == ["calculator"]
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    schema = load_tools("examples/calculator/tools.yaml")["calculator"].get_openai_tool_schema().to_openai()
+    def n_tokens(tools):
+        text = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=tools, add_generation_prompt=True,
+                                       tokenize=False)
+        return len(tok.encode(text, add_special_tokens=False))
+
+    block = n_tokens([schema]) - n_tokens(None)
+    assert main(["tools", "list", "examples/calculator/config.yaml"]) == 0
+    out, err = capsys.readouterr()
+    assert f"calculator  [verl_agent.tools.calculator.CalculatorTool, {block} prompt tokens]" in out
+    assert f"tool block: {block} prompt tokens" in out and "data.max_prompt_length=256" in out and not err
+    longest = int(out.split("longest prompt with it: ")[1].split(" tokens")[0])
+    assert main(["tools", "list", "examples/calculator/config.yaml", f"data.max_prompt_length={longest - 1}"]) == 0
+    err = capsys.readouterr().err
+    assert f"of 1088 prompts exceed data.max_prompt_length={longest - 1} (longest: {longest} tokens" in err
+    assert f"Raise data.max_prompt_length to {longest}" in err
+
+
+def test_a_repeated_option_before_overrides_is_parsed_once():
+    """Overrides after options take the re-parse path: an option given twice (--model) must not double."""
+    from verl_agent.cli import parse_args
+
+    args = parse_args(["eval", "c.yaml", "--model", "a", "--model", "b", "--k", "2", "data.train_batch_size=4"])
+    assert (args.config, args.model, args.k, args.overrides) == ("c.yaml", ["a", "b"], 2, ["data.train_batch_size=4"])
+    args = parse_args(["tools", "list", "--json", "t.yaml", "a=1"])
+    assert (args.action, args.config, args.json, args.overrides) == ("list", "t.yaml", True, ["a=1"])

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 from verl_agent import __version__
 
 if TYPE_CHECKING:
+    from verl_agent.config import RunConfig
     from verl_agent.rollout.evaluate import EvalModel
+    from verl_agent.rollout.tool_budget import PromptBudget
 
 EPILOG_OVERRIDES = (
     "Any config key can be overridden as key=value, e.g.\n"
@@ -129,7 +131,8 @@ def _tool_source(tool: object) -> str:
 
 
 def _cmd_tools(args: argparse.Namespace) -> int:
-    """Every tool of a tool YAML, or of the run config that names one, with its schema."""
+    """Every tool of a tool YAML, or of the run config that names one, with its schema (and, for a run config,
+    its size in prompt tokens)."""
     import asyncio
     import json
     from pathlib import Path
@@ -140,22 +143,30 @@ def _cmd_tools(args: argparse.Namespace) -> int:
 
     path, overrides = _split_config_arg(args)
     data = yaml.safe_load(Path(path).read_text()) if path else None
+    cfg: RunConfig | None = None
     if isinstance(data, dict) and "tools" in data and not overrides:  # a tool YAML itself
         tool_yaml: str | None = path
     else:
         from verl_agent.config import load_config
 
-        tool_yaml = load_config(path, overrides).actor_rollout_ref.rollout.multi_turn.tool_config_path
+        cfg = load_config(path, overrides)
+        tool_yaml = cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path
     tools = load_tools(tool_yaml)
     try:
+        schemas = {name: t.get_openai_tool_schema().to_openai() for name, t in tools.items()}
+        budget = _tool_budget(cfg, schemas) if cfg is not None and tools else None
         if args.json:
-            print(json.dumps([t.get_openai_tool_schema().to_openai() for t in tools.values()], indent=2))
+            print(json.dumps(list(schemas.values()), indent=2))
         for name, tool in tools.items() if not args.json else ():
-            fn = tool.get_openai_tool_schema().to_openai()["function"]
-            print(f"{name}  [{_tool_source(tool)}]")
+            fn = schemas[name]["function"]
+            size = f", {budget.per_tool[name]} prompt tokens" if budget is not None else ""
+            print(f"{name}  [{_tool_source(tool)}{size}]")
             if fn.get("description"):
                 print(f"  {fn['description']}")
             print(f"  parameters: {json.dumps(fn['parameters'], ensure_ascii=False)}")
+        if budget is not None:
+            _print_budget(budget, cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path,
+                          quiet=args.json)
         if not tools:
             print(f"no tools ({tool_yaml or 'actor_rollout_ref.rollout.multi_turn.tool_config_path is not set'})",
                   file=sys.stderr)
@@ -163,6 +174,28 @@ def _cmd_tools(args: argparse.Namespace) -> int:
         for tool in tools.values():  # MCP servers the listing started
             asyncio.run(tool.shutdown())
     return 0
+
+
+def _tool_budget(cfg: RunConfig, schemas: dict[str, dict]) -> PromptBudget:
+    from verl_agent.rollout.build import load_tokenizer
+    from verl_agent.rollout.tool_budget import prompt_budget
+
+    return prompt_budget(cfg, load_tokenizer(cfg.actor_rollout_ref.model), schemas)
+
+
+def _print_budget(b: PromptBudget, tokenizer: str, quiet: bool) -> None:
+    """The tool block's size, the longest prompt with it, and a warning where prompts would not fit."""
+    from verl_agent.rollout.tool_budget import SCAN_LIMIT
+
+    if not quiet:
+        print(f"tool block: {b.block} prompt tokens ({tokenizer}'s chat template); longest prompt with it: "
+              f"{b.longest} tokens ({b.longest_uid}) of data.max_prompt_length={b.limit}, over {b.scanned} prompts "
+              f"(at most {SCAN_LIMIT} per file)")
+    if b.over:
+        print(f"warning: with the tool block ({b.block} tokens), {b.over} of {b.scanned} prompts exceed "
+              f"data.max_prompt_length={b.limit} (longest: {b.longest} tokens, {b.longest_uid}); each would end as "
+              f"prompt_too_long. Raise data.max_prompt_length to {b.longest} or select fewer tools "
+              "(MCP: mcp.tool_selected_list)", file=sys.stderr)
 
 
 def _cmd_view(args: argparse.Namespace) -> int:
@@ -196,7 +229,9 @@ def _add_tools_cli(sub: argparse._SubParsersAction, fmt: type[argparse.HelpForma
     p = sub.add_parser("tools", help="list every tool of a config (YAML classes, @tool functions, MCP servers)",
                        epilog=EPILOG_OVERRIDES, formatter_class=fmt,
                        description="Load the tools of a tool YAML, or of a run config's multi_turn.tool_config_path "
-                       "(MCP servers are started and listed), and print each with its schema.")
+                       "(MCP servers are started and listed), and print each with its schema. With a run config, "
+                       "also each tool's size in prompt tokens (the configured tokenizer's chat template) and a "
+                       "warning when the tool block plus the longest prompt exceeds data.max_prompt_length.")
     p.add_argument("action", choices=["list"], help="list: every tool with its schema")
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="print the OpenAI tool schemas as one JSON list")
@@ -293,15 +328,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace,
+               words: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:  # fmt: skip
+    """The parser of the (sub)subcommand `args` chose, and the words after its name."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name is None or name not in words:
+            return parser, words
+        words = words[words.index(name) + 1 :]
+        parser = subs[0].choices[name]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line as users type it: options before or after positionals, key=value overrides anywhere."""
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args, rest = parser.parse_known_args(words)
+    if rest:  # options before positionals (`tools list --json FILE`): argparse matches positionals in one run
+        sub, tail = _innermost(parser, args, words)
+        for action in sub._actions:  # its arguments are parsed again, from scratch (append actions included)
+            if hasattr(args, action.dest):
+                delattr(args, action.dest)
+        args, rest = sub.parse_known_intermixed_args(tail, namespace=args)
     # key=value overrides may also follow an option (`rollout c.yaml --split train a=1`): argparse leaves
     # positionals after an option unmatched; anything else unknown is still an error
     if rest and hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in rest):
         args.overrides = [*args.overrides, *rest]
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from verl_agent.config import ConfigError

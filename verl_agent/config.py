@@ -249,7 +249,8 @@ class ContextConfig(Section):
                                   "the system message and the task")
     summary_prompt: str = Field(DEFAULT_SUMMARY_PROMPT, min_length=1,
                                 description="summarize: the user message that asks the policy for its summary")
-    summary_max_tokens: int = Field(128, ge=1, description="summarize: tokens the summary turn may generate")
+    summary_max_tokens: int = Field(128, ge=1, description="summarize: tokens the summary turn may generate (its own "
+                                    "cap: multi_turn.max_tokens_per_turn caps the agent's turns, not this one)")
 
     @field_validator("strategy", mode="before")
     @classmethod
@@ -310,7 +311,42 @@ class MultiTurnConfig(Section):
                 and c.trigger_length >= self.max_context_length:
             raise ValueError(f"multi_turn.context.trigger_length={c.trigger_length} must be below "
                              f"multi_turn.max_context_length={self.max_context_length}")
+        if c.strategy == "summarize":
+            self.check_summary_room(0)  # the summary prompt's tokens are counted once a tokenizer is loaded
         return self
+
+    def summary_room(self, request_tokens: int) -> int | None:
+        """The fewest tokens the `summarize` turn may generate at a rewrite: max_context_length less the longest
+        context before it (the trigger plus one reply of max_tokens_per_turn) and the summary request
+        (`request_tokens`: the summary prompt with its template). None where the config bounds no such room
+        (no max_context_length, or an explicit trigger without max_tokens_per_turn)."""
+        c, limit = self.context, self.max_context_length
+        if limit is None:
+            return None
+        if c.trigger_length is None:  # the agent loop's default trigger leaves the room by construction
+            return c.summary_max_tokens
+        if self.max_tokens_per_turn is None:
+            return None
+        return limit - c.trigger_length - self.max_tokens_per_turn - request_tokens
+
+    def check_summary_room(self, request_tokens: int) -> None:
+        """Raise when the summary turn could not generate `context.summary_max_tokens` (it would never act, or act
+        cut short), naming what to raise or lower."""
+        c, room = self.context, self.summary_room(request_tokens)
+        if room is None or room >= c.summary_max_tokens:
+            return
+        need = c.summary_max_tokens - room
+        fixes = [f"raise multi_turn.max_context_length to {self.max_context_length + need}"]
+        if c.trigger_length - need >= 1:
+            fixes.append(f"lower multi_turn.context.trigger_length to {c.trigger_length - need}")
+        if room > 0:
+            fixes.append(f"lower multi_turn.context.summary_max_tokens to {room}")
+        prompt = f" and the summary prompt ({request_tokens} tokens with its template)" if request_tokens else ""
+        raise ValueError(
+            f"multi_turn.context.strategy='summarize' has room for {max(room, 0)} summary tokens, below "
+            f"context.summary_max_tokens={c.summary_max_tokens}: context.trigger_length={c.trigger_length} plus one "
+            f"reply of max_tokens_per_turn={self.max_tokens_per_turn}{prompt} fill "
+            f"max_context_length={self.max_context_length}; " + " or ".join(fixes))
 
 
 class ValKwargsConfig(Section):

@@ -43,6 +43,7 @@ StopReason = Literal[
 #   filtered         dropped on purpose before generation (data.filter_overlong_prompts); not trained on
 Outcome = Literal["ok", "policy_failure", "infra_failure", "filtered"]
 OUTCOMES: tuple[str, ...] = ("ok", "policy_failure", "infra_failure", "filtered")
+SCORED_OUTCOMES: tuple[str, ...] = ("ok", "policy_failure")  # the reward is the model's: reward metrics, the loss
 SUCCESS_THRESHOLD = 1.0  # a reward at least this large is a success ("correct answer" = 1.0)
 
 
@@ -190,7 +191,7 @@ class Trajectory:
     @property
     def trainable(self) -> bool:
         """May this trajectory reach the loss? Infra failures and filtered prompts never do."""
-        return self.outcome in ("ok", "policy_failure") and bool(self.response_ids)
+        return self.outcome in SCORED_OUTCOMES and bool(self.response_ids)
 
     def check(self) -> None:
         """Internal invariants; a failure here is a bug in the agent loop."""

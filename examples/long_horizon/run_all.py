@@ -1,6 +1,6 @@
 """Train the corridor with each context strategy and seed, one run after another, then draw the plot.
 
-    python examples/long_horizon/run_all.py                  # none and drop_observations x seeds 0, 1
+    python examples/long_horizon/run_all.py                  # every strategy x seeds 0, 1
     python examples/long_horizon/run_all.py --plot-only      # redraw from results.json
 
 Each run is `verl-agent train examples/long_horizon/config.yaml` with the warm-started model
@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-STRATEGIES = ("none", "drop_observations")
+STRATEGIES = ("none", "drop_observations", "truncate_middle", "summarize")
 COLORS = {"none": "tab:gray", "drop_observations": "tab:blue", "truncate_middle": "tab:green",
           "summarize": "tab:orange"}
 

@@ -143,3 +143,65 @@ def test_a_cuda_runner_without_a_given_capture_records_graphs_each_drop_in_a_new
     assert runner.cuda_graphs and runner.capture == "capture into pool 1" and runner.graphs == {}
     off = model_runner.ModelRunner(model, budget=None, pad_id=0, cache_kw="past_key_values", cuda_graphs=False)
     assert not off.cuda_graphs and off.capture is None
+
+
+async def test_engines_over_one_model_are_created_and_closed_repeatedly(monkeypatch):
+    """What eval (a column per model), tests and notebooks do: engines built one after another over one model
+    object (bench/rollout.py's continuous, unfused and compiled rows), with recorded decode steps, fused
+    norms on and off, and a compiled step (dynamo's eager backend:
+    its tracing, guards and recompiles across engines, without Inductor's C++ builds). Each engine moves the
+    weights into an arena of its own and records its own steps (a replay over moved tensors raises); every
+    one samples what an eager engine samples; a closed engine's KV memory goes at once, and each weight arena
+    as soon as the weights moved on (nothing accumulates)."""
+    import functools
+    import gc
+    import weakref
+
+    monkeypatch.setattr(model_runner.torch, "compile", functools.partial(torch.compile, backend="eager"))
+    prompts, sp = PROMPTS[:3], SP[:3]
+    model = random_qwen2(seed=3)
+    e0 = HFEngine(random_qwen2(seed=3), stop_on_eos=False, max_model_len=64)
+    eager = await asyncio.gather(*(e0.generate(p, s) for p, s in zip(prompts, sp)))
+    await e0.close()
+    kv_memory, weight_memory = [], []  # the arenas' mmaps: alive while any tensor over them is
+    for compiled, fused in ((False, True), (False, False), (True, True)):  # bench/rollout.py's three rows
+        cap = AddressCheckedCapture()
+        engine = cap.engine = HFEngine(model, stop_on_eos=False, max_model_len=64, graph_capture=cap,
+                                       torch_compile=compiled, fused_norms=fused)  # fmt: skip
+        out = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, sp)))
+        assert [o.token_ids for o in out] == [o.token_ids for o in eager], (compiled, fused)
+        for a, b in zip(out, eager):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+        assert engine.metrics()["engine/graph_captures"] == cap.recorded >= 1
+        kv_memory.append(weakref.ref(engine._batcher.runner.pool.arena._mm))
+        weight_memory.append(weakref.ref(engine._params.arena._mm))
+        await engine.close()
+        del engine, cap
+        gc.collect()
+        assert kv_memory[-1]() is None  # the closed engine's KV memory went with it
+    # the weights live in the last engine's arena (the model still uses them); the earlier ones are gone
+    assert [r() is None for r in weight_memory] == [True] * 2 + [False]
+
+
+def test_a_cuda_arena_is_unmapped_only_after_the_device_finished_its_queued_work(monkeypatch):
+    """The free behind the third engine's illegal memory access (bench/rollout.py, three engines over one
+    model): the weights' copies into the new arena were still queued when the last tensor over the old one
+    went, and its memory was unmapped at once. The driver calls are recorded here (no GPU): a synchronize comes
+    first; during a graph capture on this thread (where a synchronize would break the capture) the free waits
+    for the next arena call."""
+    calls = []
+    monkeypatch.setattr(arena, "_cu", lambda name, *args: calls.append(name))
+    monkeypatch.setattr(arena.torch.cuda, "synchronize", lambda device=None: calls.append(f"synchronize {device}"))
+    capturing = [False]
+    monkeypatch.setattr(arena.torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    rng = arena._CudaRange(1 << 40, 1 << 21, [7], 0)
+    del rng  # the last tensor over the range went
+    assert calls == ["synchronize 0", "cuMemUnmap", "cuMemRelease", "cuMemAddressFree"]
+    calls.clear()
+    capturing[0] = True
+    rng = arena._CudaRange(1 << 40, 1 << 21, [7], 1)
+    del rng
+    assert calls == [] and arena.free_deferred() == 0  # still capturing: nothing yet
+    capturing[0] = False
+    assert arena.free_deferred() == 1
+    assert calls == ["synchronize 1", "cuMemUnmap", "cuMemRelease", "cuMemAddressFree"]

@@ -172,6 +172,37 @@ async def _fused_norms_in_bf16() -> None:
     assert gaps[True] < 0.1 and gaps[True] <= 2 * gaps[False] + 0.02, gaps
 
 
+async def _engines_created_and_closed_repeatedly() -> None:
+    """bench/rollout.py's continuous, unfused and compiled rows, twice over, over one bf16 model in one process
+    (each engine moves the weights into an arena of its own, records graphs, closes): every engine samples
+    greedily what the first one did, and the device reports no error at the end (an illegal memory access
+    surfaces at the next synchronize)."""
+    from verl_agent.engine.contract import SamplingParams
+    from verl_agent.engine.hf_engine import HFEngine
+
+    model = _model().to(torch.bfloat16)
+    prompts = [[(11 * i + j) % 1000 + 2 for j in range(4 + 9 * i)] for i in range(8)]
+    sp = SamplingParams(temperature=0.0, max_new_tokens=32)
+    first = None
+    for _ in range(2):
+        for kwargs in ({}, {"fused_norms": False}, {"torch_compile": True}):
+            engine = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512, **kwargs)
+            if not kwargs.get("torch_compile"):
+                await engine.capture_graphs()
+            outs = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+            assert engine.metrics()["engine/cuda_graphs"] > 0, kwargs
+            await engine.close()
+            tokens = [o.token_ids for o in outs]
+            first = first or tokens
+            same = sum(a == b for a, b in zip(tokens, first))
+            assert same >= len(prompts) - 1, (kwargs, same)  # bf16: a near-tie may flip one greedy row
+    torch.cuda.synchronize()
+
+
+def test_engines_created_and_closed_repeatedly_in_one_process() -> None:
+    asyncio.run(_engines_created_and_closed_repeatedly())
+
+
 def test_fused_norms_stay_as_close_as_the_models_own_in_bf16() -> None:
     asyncio.run(_fused_norms_in_bf16())
 
@@ -196,3 +227,5 @@ if __name__ == "__main__":
     print("GPU continuous path OK")
     asyncio.run(_decode_beside_training())
     print("GPU decode beside the default stream OK")
+    asyncio.run(_engines_created_and_closed_repeatedly())
+    print("GPU engines created and closed repeatedly OK")

@@ -2,7 +2,8 @@
 
 A scripted player that plays the corridor perfectly (the real tokenizer of the tiny model, the example's
 config, interaction and data): with the history kept whole (`none`) it runs out of max_context_length
-before the exit; with `drop_observations` it reaches the exit in several segments, none over the limit.
+before the exit; with `drop_observations`, `truncate_middle` or `summarize` it reaches the exit in several
+segments, none over the limit.
 """
 
 from __future__ import annotations
@@ -34,15 +35,19 @@ async def test_only_a_context_strategy_reaches_the_exit(tiny_model_path):
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_path))
     out = {}
-    for strategy in ("none", "drop_observations"):
+    for strategy in ("none", "drop_observations", "truncate_middle", "summarize"):
         cfg = example_config(NAME, f"actor_rollout_ref.rollout.multi_turn.context.strategy={strategy}")
         batch, _ = await rollout(cfg, scripted_engine(tok, player), tok, val_samples(cfg, 2))
         out[strategy] = batch.trajectories
     limit = cfg.actor_rollout_ref.rollout.multi_turn.max_context_length
     assert [(t.stop_reason, t.reward) for t in out["none"]] == [("max_context_length", 0.0)] * 2
-    segs = out["drop_observations"]
-    assert [t.reward for t in segs] == [1.0] * len(segs) and len(segs) > 4
-    assert [t.stop_reason for t in segs].count("interaction_done") == 2
-    assert all(len(t.prompt_ids) + len(t.response_ids) <= limit for t in segs)
-    whole = len(segs[0].prompt_ids) + max(t.metrics.get("context/total_tokens", 0) for t in segs)
-    assert whole > 1.5 * limit  # the whole corridor would not fit
+    for strategy in ("drop_observations", "truncate_middle", "summarize"):  # each rewrites, none skips a rewrite
+        segs = out[strategy]
+        assert [t.reward for t in segs] == [1.0] * len(segs) and len(segs) > 4, strategy
+        assert [t.stop_reason for t in segs].count("interaction_done") == 2, strategy
+        assert all(len(t.prompt_ids) + len(t.response_ids) <= limit for t in segs), strategy
+        assert sum(t.metrics.get("context/rewrites_skipped", 0) for t in segs) == 0, strategy
+        whole = len(segs[0].prompt_ids) + max(t.metrics.get("context/total_tokens", 0) for t in segs)
+        assert whole > 1.5 * limit, strategy  # the whole corridor would not fit
+    summaries = [t.metrics["context/summary_turns"] for t in out["summarize"] if "context/summary_turns" in t.metrics]
+    assert summaries == [len(out["summarize"]) / 2 - 1] * 2  # one summary turn per rewrite (the pair is alike)

@@ -286,3 +286,29 @@ def test_context_config_is_checked():
 
     with pytest.raises(ValueError, match="context.strategy='no_such_module:fn'.*no_such_module"):
         ContextStrategy(context_cfg("no_such_module:fn").multi_turn.context, None)
+
+
+def test_summarize_without_room_for_its_turn_fails_at_load_naming_what_to_change(chat_tokenizer):
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    keys = [f"{mt}.max_context_length=448", f"{mt}.max_tokens_per_turn=16", f"{mt}.context.strategy=summarize"]
+    load_config(None, [*keys, f"{mt}.context.trigger_length=200"])  # 448 - 200 - 16 = 232 >= 128
+    # 448 - 380 - 16 = 52 tokens for a 128-token summary: 76 short
+    with pytest.raises(ConfigError, match=r"room for 52 summary tokens.*raise multi_turn.max_context_length to 524 "
+                                          r"or lower multi_turn.context.trigger_length to 304 or lower "
+                                          r"multi_turn.context.summary_max_tokens to 52"):
+        load_config(None, [*keys, f"{mt}.context.trigger_length=380"])
+    # room enough without the summary prompt, not with it: the agent loop counts its tokens with the tokenizer
+    cfg = context_cfg("summarize", max_context_length=448, trigger_length=200, summary_max_tokens=200)
+    cfg.multi_turn.max_tokens_per_turn = 16
+    request = len(chat_tokenizer.encode(cfg.multi_turn.context.summary_prompt)) + 16
+    with pytest.raises(ValueError, match=rf"room for {232 - request} summary tokens.*summary prompt \({request} "):
+        AgentLoop(Recording(scripted_engine(chat_tokenizer, reply)), chat_tokenizer, cfg)
+
+
+async def test_a_rewrite_the_strategy_cannot_make_is_counted(chat_tokenizer, caplog):
+    # the whole history is shorter than keep_last_tokens: truncate_middle has nothing to cut
+    loop, _, job = run(chat_tokenizer, context_cfg("truncate_middle", max_context_length=300, keep_last_tokens=1000))
+    (t,) = (await job).trajectories
+    assert t.stop_reason == "max_context_length" and t.metrics["context/rewrites_skipped"] >= 1
+    assert summarize([t])["rollout/context/rewrites_skipped"] == t.metrics["context/rewrites_skipped"]
+    assert "could not rewrite the history" in caplog.text and "left the context as it was" in caplog.text

@@ -150,3 +150,26 @@ def test_sglang_server_args_carry_the_rollout_settings(rollout_cfg):
     typed = cfg.model_copy(update={"dtype": "bfloat16", "sglang": cfg.sglang.model_copy(
         update={"extra_args": ["--mem-fraction-static=0.8"]})})  # the "=" spelling counts as given too
     assert sglang_server_args(typed) == ["--mem-fraction-static=0.8", "--dtype", "bfloat16", "--enable-torch-compile"]
+
+
+def test_summarize_counts_scored_trajectories_only():
+    """85 scored episodes (6 successes, mean reward 0.721 worked out below) and 43 judge failures: the failures'
+    placeholder 0.0 must not pull the reward and success curves down; they keep their own counts by cause."""
+    scored = [_traj(1.0, "end_of_turn", 4) for _ in range(6)] + [_traj(0.7, "end_of_turn", 10) for _ in range(79)]
+    for t in scored[6:]:
+        t.outcome, t.cause = "policy_failure", "wrong_answer"
+    failed = [_traj(0.0, "error", 2) for _ in range(43)]
+    for i, t in enumerate(failed):
+        t.outcome, t.cause = "infra_failure", "judge_unparsable" if i < 30 else "judge_unavailable"
+    m = summarize(scored + failed)
+    assert m["rollout/num_episodes"] == 128 and m["rollout/num_scored"] == 85
+    assert m["rollout/reward/mean"] == pytest.approx((6 * 1.0 + 79 * 0.7) / 85)  # 0.7212, not 0.479 over 128
+    assert m["rollout/reward/min"] == 0.7
+    assert m["rollout/success_rate"] == pytest.approx(6 / 85)
+    assert m["rollout/infra_failed"] == pytest.approx(43 / 128)
+    assert m["rollout/infra_failed/judge_unparsable"] == 30 and m["rollout/infra_failed/judge_unavailable"] == 13
+    assert m["rollout/response_length/mean"] == pytest.approx((6 * 4 + 79 * 10) / 85)  # as trained
+    assert m["rollout/stop/error"] == pytest.approx(43 / 128)  # stop shares and totals count every trajectory
+    only_failed = summarize(failed)
+    assert only_failed["rollout/num_scored"] == 0
+    assert "rollout/success_rate" not in only_failed and "rollout/reward/mean" not in only_failed

@@ -66,14 +66,24 @@ async def test_task_errors_name_the_problem(tmp_path, pool):
 
 
 def test_tasks_check_lists_tasks_whose_oracle_or_nop_is_wrong(tmp_path, count_task, capsys):
+    """Each flagged task with what its verifier said; a test.sh that writes no reward when the tests fail is
+    flagged by its nop run (else every failing trajectory would be an infrastructure failure)."""
     root = tmp_path / "suite"
     make_task(root, "good")
-    make_task(root, "bad-oracle", solve="#!/bin/bash\necho 3 > /app/count.txt\n")
+    make_task(root, "bad-oracle", solve="#!/bin/bash\necho 3 > /app/count.txt\n",
+              test_sh="#!/bin/bash\necho \"count is $(cat /app/count.txt)\"\necho 0 > /logs/verifier/reward.txt\n")
+    make_task(root, "no-reward-on-fail", test_sh='#!/bin/bash\nif [ "$(cat /app/count.txt 2>/dev/null)" = "2" ]; '
+                                                 'then echo 1 > /logs/verifier/reward.txt; fi\n')
     assert main(["tasks", "check", str(root), "--jobs", "4"]) == 1
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary == {"tasks": 2, "failed": 1, "failed_tasks": [str(root / "bad-oracle")]}
-    assert f"FAIL  {root / 'bad-oracle'}  oracle scored 0.0" in out and f"ok    {root / 'good'}" in out
+    assert summary == {"tasks": 3, "failed": 2, "failed_tasks": [str(root / "bad-oracle"),
+                                                                 str(root / "no-reward-on-fail")]}
+    assert f"FAIL  {root / 'bad-oracle'}  oracle scored 0.0\n    oracle run, verifier output:\n      count is 3\n" in out
+    assert f"ok    {root / 'good'}" in out
+    assert (f"FAIL  {root / 'no-reward-on-fail'}  nop run has no reward file (test.sh wrote neither "
+            "/logs/verifier/reward.txt nor reward.json): test.sh must write 0 to /logs/verifier/reward.txt") in out
+    assert "    nop run, verifier output:\n      (none kept: test.sh wrote neither" in out
 
 
 async def test_model_agent_through_an_openai_compatible_url(chat_tokenizer, count_task, pool):

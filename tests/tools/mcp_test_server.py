@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 server = MCPServer("verl-agent-test", log_level="WARNING")  # quiet: the tests read results, not logs
@@ -19,7 +20,7 @@ class Point(BaseModel):
     y: int
 
 
-@server.tool()
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))  # retried once on a fresh server after a hang
 def add(a: int, b: int) -> int:
     """Add two integers."""
     return a + b

@@ -87,7 +87,7 @@ async def test_timeout_hang_and_crash_are_infra_failures_and_the_server_restarts
         assert (slow.ok, slow.infra) == (False, "mcp_timeout") and "timed out after 1 s" in slow.text
         assert int((await call(s, "pid")).text) == first and server.restarts == 0
         os.kill(first, signal.SIGSTOP)  # hung: neither the call nor a ping is answered
-        hung = await call(s, "add", a=1, b=1)
+        hung = await call(s, "label")  # not annotated read-only or idempotent: not called twice
         assert (hung.ok, hung.infra) == (False, "mcp_server_hung") and server.restarts == 1
         second = int((await call(s, "pid")).text)
         crashed = await call(s, "crash")
@@ -98,6 +98,26 @@ async def test_timeout_hang_and_crash_are_infra_failures_and_the_server_restarts
     while _alive(first) and time.monotonic() < deadline:  # the hung process is killed, not leaked
         await asyncio.sleep(0.1)
     assert not _alive(first)
+
+
+async def test_a_hung_server_fails_its_calls_in_flight_at_once_and_idempotent_ones_run_again(worker_tools):
+    """A server that hangs with 8 calls in flight: the hang is found within the call timeout (1 s), the server
+    is replaced once, the 6 calls of the read-only `add` run on the new one, the 2 of `label` (no annotation)
+    fail as infrastructure."""
+    server = worker_tools["add"].server
+    restarts, retries = server.restarts, server.retries
+    async with ToolSession(worker_tools, timeout=20) as s:
+        old = int((await call(s, "pid")).text)
+        os.kill(old, signal.SIGSTOP)
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(call(s, "add", a=i, b=1) for i in range(6)), call(s, "label"),
+                                       call(s, "label"))
+        elapsed = time.monotonic() - t0
+        assert [r.text for r in results[:6]] == [str(i + 1) for i in range(6)] and all(r.ok for r in results[:6])
+        assert [(r.ok, r.infra) for r in results[6:]] == [(False, "mcp_server_hung")] * 2
+        assert (server.restarts - restarts, server.retries - retries) == (1, 6)
+        assert results[6].seconds < 1.0 + 0.5  # found by the probe within the call timeout, not after it
+        assert int((await call(s, "pid")).text) != old and elapsed < 15
 
 
 def _alive(pid: int) -> bool:
@@ -187,12 +207,12 @@ async def test_http_server_with_a_token_and_verls_rate_limit(http_url, tmp_path)
 async def test_an_http_server_that_went_away_is_restarted(tmp_path):
     uv, thread, port = serve_http()
     tools = load_tools(write_config(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp", "type": "http"}},
-                                    tool_selected_list=["add"]))
+                                    tool_selected_list=["add", "pid"]))
     async with ToolSession(tools, timeout=10) as s:
         assert (await call(s, "add", a=1, b=1)).text == "2"
         stop_http(uv, thread)
-        gone = await call(s, "add", a=1, b=1)
-        down = await call(s, "add", a=1, b=1)  # the restart finds nothing to connect to
+        gone = await call(s, "pid")  # not annotated idempotent (`add` is: it would be called again)
+        down = await call(s, "pid")  # the restart finds nothing to connect to
         uv, thread, _ = serve_http(port)
         back = await call(s, "add", a=1, b=2)
     stop_http(uv, thread)

@@ -163,3 +163,43 @@ def test_a_failing_tracker_costs_a_warning_not_the_run(offline_env, caplog, monk
     new_id = json.loads((run_dir / "loggers.json").read_text())["mlflow"]
     client = MlflowClient((offline_env / "elsewhere").as_uri())
     assert new_id != old_id and client.get_run(new_id).data.metrics["actor/kl"] == pytest.approx(0.02)
+
+
+def test_a_tracker_that_cannot_open_its_run_fails_before_ray_with_the_fix(offline_env, monkeypatch):
+    from verl_agent.config import load_config
+    from verl_agent.trainer import loop
+    from verl_agent.trainer.loggers import LoggerConfigError, check_loggers
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started before the loggers were checked")
+
+    monkeypatch.setattr(loop, "init_ray", no_ray)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (offline_env / "mlruns").as_uri())  # MLflow 3 refuses it unless opted in
+    cfg = load_config(None, ["trainer.logger=[console,mlflow]", f"trainer.default_local_dir={offline_env / 'run'}"])
+    with pytest.raises(LoggerConfigError, match=r"MLFLOW_TRACKING_URI=file:.*set MLFLOW_ALLOW_FILE_STORE=true, or "
+                                                r"use a database store, e\.g\. MLFLOW_TRACKING_URI=sqlite:///mlflow\.db"):
+        loop.train(cfg)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "./mlruns")  # a plain path is the file store too
+    with pytest.raises(LoggerConfigError, match="MLFLOW_ALLOW_FILE_STORE"):
+        check_loggers(["mlflow"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    check_loggers(["mlflow"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "./mlruns")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    check_loggers(["mlflow"])
+    monkeypatch.setenv("WANDB_MODE", "ofline")
+    with pytest.raises(LoggerConfigError, match="WANDB_MODE='ofline' is not a W&B mode; use one of online, offline"):
+        check_loggers(["console", "wandb"])
+    check_loggers(["console"])  # W&B's settings are not its business when it is not named
+
+
+def test_the_resume_hint_is_shown_only_where_resuming_helps(tmp_path):
+    from verl_agent.trainer.loop import resume_hint
+
+    ckpt = tmp_path / "global_step_4"
+    assert resume_hint(None, "auto") == "no checkpoint was written yet: a rerun starts again from step 0"
+    assert resume_hint(ckpt, "auto") == f"last complete checkpoint: {ckpt}; rerun the same command to resume from it"
+    for mode in ("disable", "resume_path"):  # the same command would not resume from this checkpoint
+        hint = resume_hint(ckpt, mode)
+        assert "rerun the same command" not in hint
+        assert f"trainer.resume_mode=resume_path trainer.resume_from_path={ckpt}" in hint

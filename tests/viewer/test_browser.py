@@ -52,8 +52,13 @@ def test_curves_trajectory_tool_call_and_token_hover(page, run_dir):
         _open(page, url)
         expect(_series(page, "Reward", "rollout/reward/mean")).to_have_count(len(METRIC_STEPS))
         expect(_series(page, "Success rate", "val/success_rate")).to_have_count(2)  # logged at steps 1 and 3 only
-        for chart in ("Response length", "Entropy", "KL", "Time per phase (s)", "Infrastructure failures"):
+        for chart in ("Response length", "Entropy", "KL", "Time per phase (s)", "Infrastructure failures (share)",
+                      "Infrastructure failures by cause (count)"):
             expect(page.locator(f"svg[data-title='{chart}']")).to_have_count(1)
+        share = page.locator("svg[data-title='Infrastructure failures (share)'] g.series")  # a share, never a count
+        expect(share).to_have_count(1)
+        expect(share).to_have_attribute("data-name", "rollout/infra_failed")
+        expect(page.locator("#steps-count")).to_have_text(f"{len(METRIC_STEPS)} training steps logged")
         expect(page.locator("#global-error .error")).to_have_count(0)
 
         # Zoom: drag across the middle of the reward chart keeps only step 2 inside the plot.
@@ -115,6 +120,8 @@ def test_curves_trajectory_tool_call_and_token_hover(page, run_dir):
         expect(page.locator("#tok-tip")).to_contain_text("advantage -0.75")
         page.locator(".traj-row[data-index='2']").click()  # infra failure: not in the loss, no advantages
         expect(detail.locator(".error")).to_contain_text("TimeoutError")
+        expect(detail.locator("h3", has_text="Tokens")).to_contain_text("none trained (infra_failure: left out of "
+                                                                       "the loss)")
         expect(detail.locator(".tok-mode option")).to_have_count(2)
 
         # Same prompt, step 1 vs step 2, aligned turn by turn.

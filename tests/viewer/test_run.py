@@ -83,6 +83,20 @@ def test_files_metrics_and_records_with_decoded_tokens(run_dir, tiny_tokenizer):
         run.record("step_9", 0)
 
 
+def test_steps_count_training_steps_and_records_say_whether_they_reached_the_loss(run_dir):
+    """A 3-step run logs validation at step 0 and again at step 3: 3 training steps, not 4 (or 5) rows; an
+    infrastructure failure has mask-1 tokens but was never trained."""
+    rows = [{"step": 0, "val/success_rate": 0.1}] + [{"step": s, "rollout/reward/mean": 0.5} for s in (1, 2, 3)] \
+        + [{"step": 3, "val/success_rate": 0.4}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = Run(run_dir).metrics()
+    assert (len(m["rows"]), m["steps"]) == (5, 3)
+    recs = [Run(run_dir).record("step_1", i) for i in range(4)]
+    assert [(r["outcome"], r["in_loss"]) for r in recs] == [("ok", True), ("policy_failure", True),
+                                                           ("infra_failure", False), ("policy_failure", True)]
+    assert sum(recs[2]["loss_mask"]) > 0  # tokens the model generated, left out of the loss all the same
+
+
 def test_without_a_tokenizer_tokens_fall_back_to_ids(run_dir):
     (run_dir / "config.yaml").unlink()
     rec = Run(run_dir / "trajectories" / "step_2.jsonl").record("step_2", 0)

@@ -14,6 +14,11 @@ across the two, and graphs recorded over them replay after a wake as before. The
   they read as zeros when touched again.
 
 `ParamArena` moves a model's parameters into one arena and parks them across sleep.
+
+When the last tensor over a CUDA arena goes (an engine closed, or a model shared between engines moved
+into the next engine's arena), its memory is unmapped only after the device finished the work queued so
+far: kernels run asynchronously, and a copy out of the old arena, or a step still reading it, would
+otherwise read unmapped memory (an illegal memory access, reported later by an unrelated call).
 """
 
 from __future__ import annotations
@@ -90,11 +95,11 @@ class _CudaRange:
     it keep it alive; when the last one goes, its finalizer unmaps the memory and frees the addresses. (It
     holds no reference to its `Arena`: a cycle through a tensor's storage would never be collected.)"""
 
-    def __init__(self, ptr: int, nbytes: int, handle: list[int]) -> None:
+    def __init__(self, ptr: int, nbytes: int, handle: list[int], device: int) -> None:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "version": 2, "strides": None}  # fmt: skip
         # not at exit: the process's end frees it all, and the driver may be shutting down by then
-        weakref.finalize(self, _cuda_free, ptr, nbytes, handle).atexit = False
+        weakref.finalize(self, _cuda_free, ptr, nbytes, handle, device).atexit = False
 
 
 class Arena:
@@ -104,6 +109,7 @@ class Arena:
     def __init__(self, nbytes: int, device: torch.device) -> None:
         self.device, self.used, self.committed = device, 0, True
         if device.type == "cuda":
+            free_deferred()
             self._cuda_reserve(max(1, nbytes))
         else:
             self._mm = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -121,7 +127,7 @@ class Arena:
         ptr = _U64()
         _cu("cuMemAddressReserve", ctypes.byref(ptr), self.nbytes, 0, 0, 0)
         self._ptr, self._handle = ptr.value, [0]  # the handle of the memory mapped there (0: none)
-        rng = _CudaRange(self._ptr, self.nbytes, self._handle)
+        rng = _CudaRange(self._ptr, self.nbytes, self._handle, index)
         self.committed = False
         self.commit()
         self.storage = torch.as_tensor(rng, device=self.device)
@@ -140,6 +146,7 @@ class Arena:
         if not self.committed:
             return
         if self.device.type == "cuda":
+            free_deferred()
             torch.cuda.synchronize(self.device)
             _cu("cuMemUnmap", self._ptr, self.nbytes)
             _cu("cuMemRelease", self._handle[0])
@@ -169,14 +176,41 @@ class Arena:
         self.committed = True
 
 
-def _cuda_free(ptr: int, nbytes: int, handle: list[int]) -> None:
+_deferred: list[tuple[int, int, list[int], int]] = []  # frees that came during a graph capture on their thread
+
+
+def _cuda_free(ptr: int, nbytes: int, handle: list[int], device: int) -> None:
+    """Unmap and free an arena whose last tensor went, once the device finished the work queued so far (see
+    the module docstring). During a graph capture on this thread a synchronize would end the capture with an
+    error: the free then waits for the next arena call (`free_deferred`)."""
     try:
-        if handle[0]:
-            _cu("cuMemUnmap", ptr, nbytes)
-            _cu("cuMemRelease", handle[0])
-        _cu("cuMemAddressFree", ptr, nbytes)
+        if torch.cuda.is_current_stream_capturing():
+            _deferred.append((ptr, nbytes, handle, device))
+            return
+        torch.cuda.synchronize(device)
+        _unmap_and_free(ptr, nbytes, handle)
     except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
         pass
+
+
+def _unmap_and_free(ptr: int, nbytes: int, handle: list[int]) -> None:
+    if handle[0]:
+        _cu("cuMemUnmap", ptr, nbytes)
+        _cu("cuMemRelease", handle[0])
+        handle[0] = 0
+    _cu("cuMemAddressFree", ptr, nbytes)
+
+
+def free_deferred() -> int:
+    """Free the arenas whose last tensor went during a graph capture (after a synchronize); returns how many."""
+    if not _deferred or torch.cuda.is_current_stream_capturing():
+        return 0
+    done, _deferred[:] = list(_deferred), []
+    for device in sorted({d for *_, d in done}):
+        torch.cuda.synchronize(device)
+    for ptr, nbytes, handle, _ in done:
+        _unmap_and_free(ptr, nbytes, handle)
+    return len(done)
 
 
 def make_arena(nbytes: int, device: torch.device, what: str) -> Arena | None:

@@ -121,6 +121,7 @@ class _Episode:
     total_tokens: int = 0  # generated + observation tokens over all segments (multi_turn.max_total_tokens)
     caps: dict[str, int] = field(default_factory=dict)  # this turn's token caps by the stop reason they give
     summaries: int = 0
+    rewrites_skipped: int = 0  # rewrites due that the strategy could not make (no room, or nothing to shorten)
 
     def add(self, *new: Message) -> None:
         """Append to the context and, once a rewrite has split them, to the transcript."""
@@ -166,6 +167,11 @@ class AgentLoop:
         self.policy_version = 0
         self._engine_sessions = _accepts_session(engine)
         self.context = ContextStrategy(self.mt.context, tokenizer)
+        # the summary request's tokens with a margin for its chat template (the trigger and the room use it)
+        self._summary_request = len(tokenizer.encode(self.mt.context.summary_prompt)) + 16
+        if self.context.name == "summarize":
+            self.mt.check_summary_room(self._summary_request)  # config load checked it without the prompt's tokens
+        self._warned_skip = False
 
     async def run(self, samples: list[Sample], n: int, sampling: SamplingParams) -> RolloutBatch:
         """n trajectories per sample (GRPO groups share the sample uid), all concurrently, in sample order."""
@@ -211,6 +217,8 @@ class AgentLoop:
         segs = ep.all_segments() if ep is not None else [traj]
         if len(segs) > 1:
             self._segment_metrics(ep)
+        if ep is not None and self.context.enabled:  # also where no rewrite happened: that is when it matters
+            ep.traj.metrics["context/rewrites_skipped"] = float(ep.rewrites_skipped)
         for t in segs:
             t.metrics["seconds"] = time.perf_counter() - start
             t.check()
@@ -350,7 +358,7 @@ class AgentLoop:
             limit = mt.max_context_length
             trigger = limit - (mt.max_tokens_per_turn or limit // 4)
             if self.context.name == "summarize":
-                trigger -= cfg.summary_max_tokens + len(self.tokenizer.encode(cfg.summary_prompt)) + 16
+                trigger -= cfg.summary_max_tokens + self._summary_request
         return ctx > trigger or n_obs >= self.max_response_length - len(traj.response_ids)
 
     async def _rewrite(self, ep: _Episode, new: list[Message], n_obs: int, sampling: SamplingParams,
@@ -362,12 +370,12 @@ class AgentLoop:
         if self.context.name == "summarize":
             summary = await self._summarize(ep, sampling, stop_ids)
             if summary is None:
-                return False
+                return self._skipped(ep, "no room left for the summary turn")
             rewritten = [*ep.messages[: ep.head], summary_message(summary), *new]
         else:
             rewritten = await self.context.rewrite(context, ep.head)
             if [m.to_chat() for m in rewritten] == [m.to_chat() for m in context]:
-                return False
+                return self._skipped(ep, "it left the context as it was")
         if self.mt.max_total_tokens is not None and n_obs >= self.mt.max_total_tokens - ep.total_tokens:
             raise _Stop("max_total_tokens")
         transcript = [*ep.transcript, *new] if ep.transcript is not ep.messages else context
@@ -376,6 +384,16 @@ class AgentLoop:
         ep.transcript = transcript
         return True
 
+    def _skipped(self, ep: _Episode, why: str) -> bool:
+        """A rewrite was due and the strategy could not make it: counted (context/rewrites_skipped) and logged
+        once per agent loop, since the episode then runs into its budget without a word otherwise."""
+        ep.rewrites_skipped += 1
+        if not self._warned_skip:
+            self._warned_skip = True
+            logger.warning("context strategy %s could not rewrite the history of trajectory %s: %s (counted in "
+                           "rollout/context/rewrites_skipped)", self.context.name, ep.traj.uid, why)
+        return False
+
     async def _summarize(self, ep: _Episode, sampling: SamplingParams, stop_ids: list[int]) -> str | None:
         """The summary turn: the summary prompt after the last reply, then the policy's summary (a trained turn of
         this segment; not an assistant turn of the episode). None when the segment has no room for it."""
@@ -383,7 +401,9 @@ class AgentLoop:
         request = Message(role="user", content=cfg.summary_prompt)
         obs = self._encode_observation(ep, [request])
         caps = self._caps(ep)
-        room = min(cfg.summary_max_tokens, *(left - len(obs) for left in caps.values()))
+        # the request is context, not generated: it counts against the context budgets, not max_tokens_per_turn
+        room = min(cfg.summary_max_tokens,
+                   *(left - len(obs) for why, left in caps.items() if why != "max_tokens_per_turn"))
         if room < 1:
             return None
         transcript = ep.transcript if ep.transcript is not ep.messages else list(ep.messages)

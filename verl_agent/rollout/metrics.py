@@ -13,6 +13,12 @@ is several trajectories, its segments (`metrics["segment"]` of `metrics["num_seg
 outcomes and stop reasons are per episode (read from its last segment: all its segments share its reward
 and outcome); lengths, turns and token counts are per trajectory, as trained.
 
+Scored trajectories: success, reward and the per-trajectory distributions (turns, tool calls, lengths) count
+only what the loss sees, the outcomes `ok` and `policy_failure` (`rollout/num_scored` episodes). An
+infrastructure failure or a filtered prompt has no reward of its own (its 0.0 is a placeholder), so counting it
+would pull the curve down by the failure rate. Totals of work done (tool calls, model tokens, seconds, namespaced
+sums) and the stop-reason shares count every trajectory.
+
 Outcomes: `rollout/infra_failed` is the share of infrastructure failures and
 `rollout/infra_failed/<cause>` their count per cause; `rollout/policy_failed/<cause>`
 counts the model's own failures; `rollout/filtered` counts prompts dropped as overlong.
@@ -25,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Trajectory
+from verl_agent.protocol import SCORED_OUTCOMES, SUCCESS_THRESHOLD, RolloutBatch, Trajectory
 
 __all__ = ["TrajectorySummary", "summarize"]
 
@@ -91,16 +97,19 @@ def summarize(trajectories: RolloutBatch | Iterable[Trajectory | TrajectorySumma
 def _episode_metrics(episodes: list[TrajectorySummary]) -> dict[str, float]:
     n = max(1, len(episodes))
     outcomes = Counter(t.outcome for t in episodes)
+    scored = [t for t in episodes if t.outcome in SCORED_OUTCOMES]
     out: dict[str, float] = {
         "rollout/num_episodes": float(len(episodes)),
-        "rollout/success_rate": sum(t.reward >= SUCCESS_THRESHOLD for t in episodes) / n,
+        "rollout/num_scored": float(len(scored)),
         "rollout/infra_failed": outcomes["infra_failure"] / n,
         "rollout/filtered": float(outcomes["filtered"]),
     }
+    if scored:  # no success rate at all rather than a 0.0 made of failures
+        out["rollout/success_rate"] = sum(t.reward >= SUCCESS_THRESHOLD for t in scored) / len(scored)
     for (outcome, cause), count in Counter((t.outcome, t.cause) for t in episodes if t.cause).items():
         if outcome in ("infra_failure", "policy_failure"):
             out[f"rollout/{outcome.replace('_failure', '_failed')}/{cause}"] = float(count)
-    out.update(_stats("rollout/reward", [t.reward for t in episodes]))
+    out.update(_stats("rollout/reward", [t.reward for t in scored]))
     for reason, count in Counter(t.stop_reason for t in episodes).items():
         out[f"rollout/stop/{reason}"] = count / n
     return out
@@ -108,6 +117,7 @@ def _episode_metrics(episodes: list[TrajectorySummary]) -> dict[str, float]:
 
 def _trajectory_metrics(trajs: list[TrajectorySummary]) -> dict[str, float]:
     calls = sum(t.num_tool_calls for t in trajs)
+    scored = [t for t in trajs if t.outcome in SCORED_OUTCOMES]
     out: dict[str, float] = {
         "rollout/num_trajectories": float(len(trajs)),
         "rollout/tool_calls_total": calls,
@@ -115,10 +125,10 @@ def _trajectory_metrics(trajs: list[TrajectorySummary]) -> dict[str, float]:
         "rollout/model_tokens_total": float(sum(t.model_tokens for t in trajs)),
         "rollout/turns_cut_by_update": float(sum(t.turns_cut for t in trajs)),
     }
-    out.update(_stats("rollout/num_turns", [float(t.num_turns) for t in trajs]))
-    out.update(_stats("rollout/num_tool_calls", [t.num_tool_calls for t in trajs]))
-    out.update(_stats("rollout/response_length", [float(t.response_length) for t in trajs]))
-    out.update(_stats("rollout/prompt_length", [float(t.prompt_length) for t in trajs]))
+    out.update(_stats("rollout/num_turns", [float(t.num_turns) for t in scored]))
+    out.update(_stats("rollout/num_tool_calls", [t.num_tool_calls for t in scored]))
+    out.update(_stats("rollout/response_length", [float(t.response_length) for t in scored]))
+    out.update(_stats("rollout/prompt_length", [float(t.prompt_length) for t in scored]))
     out.update(_stats("rollout/seconds", [t.seconds for t in trajs]))
     for key in sorted({k for t in trajs for k in t.extra}):  # e.g. proxy/history_rewrites: totals over the batch
         out[f"rollout/{key}"] = sum(t.extra.get(key, 0.0) for t in trajs)

@@ -94,13 +94,10 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     bad = []
     for d, oracle, nop in results:
-        problems = []
-        if oracle.reward != 1:
-            problems.append(f"oracle scored {oracle.reward}" + (f" ({oracle.cause}: {oracle.error})" if oracle.error
-                                                               else ""))
-        if nop.reward != 0:
-            problems.append(f"nop scored {nop.reward}" + (f" ({nop.cause}: {nop.error})" if nop.error else ""))
-        print(f"{'FAIL' if problems else 'ok  '}  {d}" + (f"  {'; '.join(problems)}" if problems else ""))
+        problems = _problems(oracle, nop)
+        print(f"{'FAIL' if problems else 'ok  '}  {d}" + (f"  {'; '.join(p for p, _ in problems)}" if problems else ""))
+        for _, run in problems:  # what the verifier said, for each run that went wrong
+            _print_verifier(run)
         if problems:
             bad.append(d)
     summary = {"tasks": len(results), "failed": len(bad), "failed_tasks": bad}
@@ -152,6 +149,30 @@ def _import(args: argparse.Namespace) -> int:
     print(json.dumps({"refs": refs, "store": str(store.root), "bytes": sum(sizes.values()),
                       "image_bytes": sizes, "seconds": round(seconds, 2)}))
     return 0
+
+
+def _problems(oracle: Any, nop: Any) -> list[tuple[str, Any]]:
+    """(what is wrong, the run) for an oracle that does not score 1 and a nop that does not score 0."""
+    problems = []
+    if oracle.reward != 1:
+        problems.append((f"oracle scored {oracle.reward}" + (f" ({oracle.cause}: {oracle.error})" if oracle.error
+                                                            else ""), oracle))
+    if nop.reward is None and nop.cause == "verifier_error":
+        # the failing case of every trajectory: without a reward file each becomes an infrastructure failure,
+        # left out of the loss, so only successes would train
+        problems.append((f"nop run has no reward file ({nop.error}): test.sh must write 0 to "
+                         "/logs/verifier/reward.txt when the tests fail, or every failing trajectory is an "
+                         "infrastructure failure, left out of the loss", nop))
+    elif nop.reward != 0:
+        problems.append((f"nop scored {nop.reward}" + (f" ({nop.cause}: {nop.error})" if nop.error else ""), nop))
+    return problems
+
+
+def _print_verifier(run: Any) -> None:
+    out = run.verifier_output.strip()
+    text = "\n".join(f"      {line}" for line in out[-2000:].splitlines()) if out else \
+        f"      (none kept: {run.error or 'the verifier printed nothing'})"
+    print(f"    {run.agent} run, verifier output:\n{text}")
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -18,8 +18,9 @@ worker, a token bucket holding at most one second's calls.
 server), opened at load time; ``trajectory`` opens one per trajectory on its first call and closes it at
 release. What the server returns is the tool message (text parts joined as verl joins them); a result
 flagged ``isError`` is a model-facing ``Error: ...`` message, not an infrastructure failure. A server that
-crashed or hung ends the call's trajectory as an infrastructure failure with its cause (see
-`verl_agent.tools.mcp_client`) and is restarted on the next call.
+crashed or hung is replaced (see `verl_agent.tools.mcp_client`): a call to a tool it annotates read-only or
+idempotent runs once more on the fresh server; any other call ends its trajectory as an infrastructure
+failure with its cause.
 """
 
 from __future__ import annotations
@@ -56,12 +57,13 @@ class MCPTool(BaseTool):
     separator = " "  # between the text parts of a result, as verl's MCPBaseTool joins them
 
     def __init__(self, config: dict[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None,
-                 server: MCPServer | None = None) -> None:
+                 server: MCPServer | None = None, idempotent: bool = False) -> None:
         if server is None or tool_schema is None:
             raise ToolConfigError(f"{type(self).__name__} is built from a tool YAML entry with an 'mcp:' block "
                                   "and config.type: mcp (docs/extending.md, MCP servers)")
         super().__init__(config, tool_schema)
         self.server = server
+        self.idempotent = idempotent  # annotated read-only or idempotent: safe to call again after a restart
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> str:
         instance_id = instance_id or str(uuid.uuid4())
@@ -70,7 +72,7 @@ class MCPTool(BaseTool):
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
                       ) -> tuple[ToolResponse, float, dict[str, Any]]:
-        result = await on_mcp_loop(self.server.call(instance_id, self.name, parameters))
+        result = await on_mcp_loop(self.server.call(instance_id, self.name, parameters, retry=self.idempotent))
         parts = [_part_text(p) for p in result.content or []]
         text = self.separator.join(parts)
         if not parts and result.structured_content is not None:
@@ -187,7 +189,7 @@ def _make_tools(cls: type[MCPTool], config: dict[str, Any], servers: list[MCPSer
                 raise ToolConfigError(f"MCP tool {t.name!r} is offered by servers {owner[t.name]!r} and "
                                       f"{server.name!r}; pick one with mcp.tool_selected_list")
             owner[t.name] = server.name
-            tools.append(cls(config, _schema(t, server.name), server=server))
+            tools.append(cls(config, _schema(t, server.name), server=server, idempotent=_idempotent(t)))
     missing = sorted(set(selected or ()) - set(owner))
     if missing:
         raise ToolConfigError(f"mcp.tool_selected_list names {missing}, which no server of {path} offers "
@@ -203,6 +205,12 @@ async def _list_all(servers: list[MCPServer]) -> list[Any]:
 
 async def _shutdown_all(servers: list[MCPServer]) -> None:
     await asyncio.gather(*(s.shutdown() for s in servers), return_exceptions=True)
+
+
+def _idempotent(tool: Any) -> bool:
+    """Does the server annotate the tool as read-only or idempotent (MCP ToolAnnotations hints)?"""
+    hints = getattr(tool, "annotations", None)
+    return bool(hints is not None and (hints.read_only_hint or hints.idempotent_hint))
 
 
 def _schema(tool: Any, server: str) -> OpenAIFunctionToolSchema:

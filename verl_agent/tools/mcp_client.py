@@ -9,10 +9,16 @@ and may say ``type`` (``stdio`` / ``http`` / ``streamable-http``, checked agains
 
 Every connection lives on one event loop on a thread of its own (one per process), so the tools work from
 any caller's loop and the MCP SDK's tasks never outlive the loop that made them. A call that finds its
-server gone (the process exited, the HTTP connection broke: cause ``mcp_server_crashed``) or hung (no
-answer to tools/list after a call timed out: ``mcp_server_hung``) raises `ToolUnavailable` and drops the
-connection; the next call starts the server again (`MCPServer.restarts` counts it). A call that timed out
-on a server that still answers is ``mcp_timeout``; a server that cannot be started or reached is
+server gone (the process exited, the HTTP connection broke: cause ``mcp_server_crashed``) or hung raises
+`ToolUnavailable` and drops the connection; the next call starts the server again (`MCPServer.restarts`
+counts it). A hang is found within the call timeout: a call without an answer after `probe_interval`
+(half the timeout, at most 5 s) asks the server for a fresh tools/list (one probe at a time per connection,
+shared by the calls in flight); no answer within another `probe_interval` marks the connection dead, and
+every call in flight on it gives up at once (``mcp_server_hung``), instead of each waiting out its timeout.
+A call to a tool the server annotates read-only or idempotent (``readOnlyHint`` / ``idempotentHint``) that a
+hang or a crash cut off runs once more on the fresh server (`MCPServer.retries` counts it); the others
+fail as infrastructure, since running them twice could do their effect twice. A call that timed out on a
+server that still answers is ``mcp_timeout``; a server that cannot be started or reached is
 ``mcp_server_unavailable``.
 """
 
@@ -34,6 +40,8 @@ from verl_agent.tools.errors import ToolArgumentError, ToolConfigError, ToolUnav
 
 __all__ = ["START_TIMEOUT", "MCPServer", "MCPServerSpec", "RateLimiter", "load_servers", "on_mcp_loop",
            "run_on_mcp_loop"]
+
+logger = logging.getLogger(__name__)
 
 _PAGES = 100  # tools/list pages read at most (a paginator that never ends cannot hang the start)
 START_TIMEOUT = 60.0  # seconds for a server to start and answer the handshake (a process may import a lot)
@@ -181,8 +189,10 @@ class _Connection:
     def __init__(self, spec: MCPServerSpec) -> None:
         self.spec = spec
         self.client: Any = None
+        self.dead = asyncio.Event()  # a probe found the server hung: every call in flight on it gives up
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._probe: asyncio.Future | None = None
 
     async def open(self, timeout: float) -> _Connection:
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -208,6 +218,20 @@ class _Connection:
             if isinstance(e, asyncio.CancelledError):
                 raise
 
+    async def answers(self, within: float) -> bool:
+        """Does the server answer a fresh tools/list (the request every protocol version has) within `within`
+        s? One probe at a time: the calls in flight on this connection share it."""
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._ask(within))
+        return await asyncio.shield(self._probe)
+
+    async def _ask(self, within: float) -> bool:
+        try:
+            await asyncio.wait_for(self.client.list_tools(cache_mode="refresh"), within)
+        except Exception:
+            return False
+        return True
+
     async def close(self) -> None:
         self._stop.set()
         if self._task is not None and not self._task.done():
@@ -215,6 +239,43 @@ class _Connection:
                 await asyncio.wait_for(asyncio.shield(self._task), 10)
             except (Exception, asyncio.CancelledError):
                 self._task.cancel()
+
+
+class _Watch:
+    """Runs a call in the calling task while a side task probes its server every `interval` s: once the server
+    does not answer a probe (or another call's probe found it hung), the call is cancelled and raises
+    ToolUnavailable (mcp_server_hung)."""
+
+    def __init__(self, conn: _Connection, interval: float) -> None:
+        self.conn, self.interval, self.hung = conn, interval, False
+
+    async def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        caller = asyncio.current_task()
+        assert caller is not None
+        watcher = asyncio.ensure_future(self._watch(caller))
+        try:
+            return await asyncio.wait_for(coro, timeout)
+        except asyncio.CancelledError:
+            if not self.hung:
+                raise
+            if hasattr(caller, "uncancel"):  # Python 3.11+: the cancel was ours, not the caller's
+                caller.uncancel()
+            raise ToolUnavailable("hung: no answer to a call nor to a tools/list probe (it will be restarted)",
+                                  cause="mcp_server_hung") from None
+        finally:
+            watcher.cancel()
+
+    async def _watch(self, caller: asyncio.Task) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.conn.dead.wait(), self.interval)
+            except asyncio.TimeoutError:
+                if await self.conn.answers(self.interval):
+                    continue
+            self.conn.dead.set()
+            self.hung = True
+            caller.cancel()
+            return
 
 
 class MCPServer:
@@ -228,6 +289,8 @@ class MCPServer:
         self.per_trajectory = per_trajectory
         self.starts = 0  # connections opened (server processes started, for stdio)
         self.restarts = 0  # connections dropped after a crash or a hang (the next call starts a new one)
+        self.retries = 0  # calls of read-only / idempotent tools run again after a crash or a hang
+        self.probe_interval = min(5.0, timeout / 2)  # probe after this long without an answer; probe's own limit
         self._conns: dict[str | None, _Connection] = {}  # key: the trajectory id, or None for the worker's
         self._users: dict[str, int] = {}  # tools of a trajectory that hold its connection
         self._starting: dict[str | None, asyncio.Lock] = {}  # one start at a time per key, keys in parallel
@@ -296,19 +359,35 @@ class MCPServer:
             await self._drop(trajectory)
             self._starting.pop(trajectory, None)
 
-    async def call(self, trajectory: str, tool: str, arguments: dict[str, Any]) -> Any:
-        """`tools/call` under the rate limit and the timeout; returns the SDK's CallToolResult."""
+    async def call(self, trajectory: str, tool: str, arguments: dict[str, Any], retry: bool = False) -> Any:
+        """`tools/call` under the rate limit and the timeout; returns the SDK's CallToolResult. `retry`: the
+        tool is read-only or idempotent, so a call that a crash or a hang cut off runs once more on the fresh
+        server (a second failure is final)."""
+        try:
+            return await self._call_once(self._key(trajectory), tool, arguments)
+        except ToolUnavailable as e:
+            if not retry or e.cause not in ("mcp_server_hung", "mcp_server_crashed"):
+                raise
+            self.retries += 1
+            logger.warning("MCP server %r: %s; calling %r again on the fresh server (the tool is annotated "
+                           "read-only or idempotent)", self.name, e, tool)
+        return await self._call_once(self._key(trajectory), tool, arguments)
+
+    async def _call_once(self, key: str | None, tool: str, arguments: dict[str, Any]) -> Any:
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 
-        key = self._key(trajectory)
         conn = await self._connection(key)
         await self.limiter.acquire()
+        watch = _Watch(conn, self.probe_interval)
         try:
-            coro = conn.client.call_tool(tool, arguments, read_timeout_seconds=self.timeout)
-            return await asyncio.wait_for(coro, self.timeout + 1)
+            # awaited in this task, not a task of its own: the SDK's HTTP transport stalls a request sent from one
+            return await watch.run(conn.client.call_tool(tool, arguments, read_timeout_seconds=self.timeout),
+                                   self.timeout + 1)
         except asyncio.TimeoutError:
             return await self._timed_out(key, conn, tool)
+        except ToolUnavailable as e:
+            raise ToolUnavailable(f"MCP server {self.name!r}: {e}", cause=e.cause) from None
         except MCPError as e:
             if e.code == REQUEST_TIMEOUT:
                 return await self._timed_out(key, conn, tool)
@@ -325,13 +404,15 @@ class MCPServer:
             e = _leaf(e)
             raise ToolUnavailable(f"MCP server {self.name!r} failed: {type(e).__name__}: {e} (it will be "
                                   f"restarted)", cause="mcp_server_crashed") from e
+        finally:
+            if watch.hung:
+                await self._drop(key, conn)
 
     async def _timed_out(self, key: str | None, conn: _Connection, tool: str) -> Any:
         """A slow call on a live server, or a hung server (no answer to a fresh tools/list, the request every
         protocol version has): then it is restarted."""
-        try:
-            await asyncio.wait_for(conn.client.list_tools(cache_mode="refresh"), min(5.0, self.timeout))
-        except Exception:
+        if not await conn.answers(self.probe_interval):
+            conn.dead.set()
             await self._drop(key, conn)
             raise ToolUnavailable(f"MCP server {self.name!r} hung: {tool!r} got no answer in {self.timeout:g} s "
                                   "and a tools/list none either (it will be restarted)",

@@ -13,6 +13,9 @@ MLflow: experiment = trainer.project_name, run name = trainer.experiment_name, t
 MLFLOW_TRACKING_URI, else the file store ``./mlruns`` under the current directory (MLflow's own
 default location). The config goes in as params: flattened dotted keys, values cut to MLflow's limit.
 
+`check_loggers` checks what can be checked without opening a run (the packages, WANDB_MODE, an MLflow file
+store's opt-in) before anything starts: `train` calls it before Ray.
+
 A resumed run (same run dir) continues the same W&B / MLflow run: their ids are kept in
 ``<run dir>/loggers.json``. A tracker that fails while logging a step (a tracking server down) costs a
 warning, not the run: metrics.jsonl and the trajectory files hold everything it would have got.
@@ -29,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["TABLE_ROWS", "ExternalLogger", "MlflowLogger", "WandbLogger", "flatten_params", "open_loggers",
-           "sample_rows"]
+__all__ = ["TABLE_ROWS", "ExternalLogger", "LoggerConfigError", "MlflowLogger", "WandbLogger", "check_loggers",
+           "flatten_params", "open_loggers", "sample_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,54 @@ TABLE_ROWS = 16  # trajectories per step in the W&B table: enough to read, small
 _TEXT_CHARS = 4000  # per trajectory in the table (a long one is cut at the end)
 _IDS_FILE = "loggers.json"
 _MLFLOW_BAD = re.compile(r"[^\w\-. /]")  # MLflow keys: alphanumerics, _ - . space and /
+
+
+_WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
+
+
+class LoggerConfigError(ValueError):
+    """A tracker named in trainer.logger cannot work as configured; the message says what to set."""
+
+
+def check_loggers(names: list[str]) -> None:
+    """Refuse, before any worker starts, a tracker that would fail when it opens its run; each message names the
+    setting to change."""
+    import importlib.util
+
+    for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
+        if name in names and importlib.util.find_spec(package) is None:
+            extra = "pip install tensorboard" if name == "tensorboard" else f"pip install verl-agent[{name}]"
+            raise LoggerConfigError(f"trainer.logger={name} needs the {package} package: {extra}")
+    mode = os.environ.get("WANDB_MODE")
+    if "wandb" in names and mode and mode not in _WANDB_MODES:
+        raise LoggerConfigError(f"trainer.logger=wandb: WANDB_MODE={mode!r} is not a W&B mode; use one of "
+                                f"{', '.join(_WANDB_MODES)} (or unset it: offline without an API key)")
+    if "mlflow" in names:
+        _check_mlflow_store(_mlflow_uri())
+
+
+def _mlflow_uri() -> str:
+    """MLFLOW_TRACKING_URI, else our default: the file store ./mlruns, opted in (MLflow 3 asks for that)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return Path("mlruns").resolve().as_uri()
+
+
+def _check_mlflow_store(uri: str) -> None:
+    """MLflow 3 refuses its file store (a file: URI or a plain path) unless MLFLOW_ALLOW_FILE_STORE is true."""
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme
+    is_file = scheme in ("", "file") or (len(scheme) == 1 and uri[1:3] in (":\\", ":/"))  # a Windows drive letter
+    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1")
+    if is_file and not allowed:
+        raise LoggerConfigError(
+            f"trainer.logger=mlflow: MLFLOW_TRACKING_URI={uri} is MLflow's file store, which MLflow 3 refuses "
+            "('filesystem tracking backend is in maintenance mode'): set MLFLOW_ALLOW_FILE_STORE=true, or use a "
+            "database store, e.g. MLFLOW_TRACKING_URI=sqlite:///mlflow.db (or unset MLFLOW_TRACKING_URI: ./mlruns, "
+            "opted in)")
 
 
 class ExternalLogger(Protocol):
@@ -178,10 +229,7 @@ class MlflowLogger:
         _require("mlflow")
         from mlflow.tracking import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:  # our default, the file store: MLflow 3 asks for this opt-in to use it
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            uri = Path("mlruns").resolve().as_uri()
+        uri = _mlflow_uri()
         self.client, self.uri = MlflowClient(tracking_uri=uri), uri
         if run_id is not None and (missing := self._missing(run_id)):
             logger.warning("MLflow: run %s (from loggers.json) is not in %s (%s); starting a new run", run_id, uri,

@@ -32,12 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from verl_agent.config import RunConfig, save_config
+from verl_agent.protocol import SCORED_OUTCOMES
 from verl_agent.rollout.metrics import TrajectorySummary, summarize
 from verl_agent.trainer import checkpoint as ckpt
 from verl_agent.trainer.algorithms import make_kl_controller
 from verl_agent.trainer.controller import WorkerGroup, cpus_needed, init_ray
 from verl_agent.trainer.errors import CheckpointWriteError, InfraFailureError, TrainingError
 from verl_agent.trainer.feeder import Feeder, step_seed
+from verl_agent.trainer.loggers import LoggerConfigError, check_loggers
 from verl_agent.trainer.rollout_worker import RolloutResult
 from verl_agent.trainer.tracking import Tracker, timer
 
@@ -83,6 +85,7 @@ class TrainingRun:
     def __init__(self, cfg: RunConfig) -> None:
         from verl_agent.rollout.build import load_split, train_dataset
 
+        check_loggers(cfg.trainer.logger)  # a tracker that cannot open its run fails now, not after the workers
         self.dataset = train_dataset(cfg.data)
         self.cfg = cfg = _with_total_steps(cfg)
         self.total = cfg.trainer.total_training_steps
@@ -206,12 +209,11 @@ class TrainingRun:
 
     def stopped(self, error: Exception) -> TrainingError:
         """Kill the workers after `error`; the `TrainingError` naming the step, the cause and the checkpoint."""
-        where = f"last complete checkpoint: {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written yet"
         if self.group is not None:
             self.group.shutdown(graceful=False)
             self.group = None
-        return TrainingError(f"training stopped at step {self.step}: {error}\n{where}; rerun the same command to "
-                             "resume (trainer.resume_mode=auto)")
+        return TrainingError(f"training stopped at step {self.step}: {error}\n"
+                             + resume_hint(self.last_ckpt, self.cfg.trainer.resume_mode))
 
     def close(self) -> None:
         """Stop the workers, close the metrics, and stop Ray if this run started it."""
@@ -225,12 +227,24 @@ class TrainingRun:
             ray.shutdown()
 
 
+def resume_hint(last_ckpt: Path | None, resume_mode: str) -> str:
+    """What a rerun would do after a stop: resume only where a complete checkpoint exists, and only say
+    "rerun the same command" where that command resumes from it (trainer.resume_mode=auto)."""
+    if last_ckpt is None:
+        return "no checkpoint was written yet: a rerun starts again from step 0"
+    if resume_mode == "auto":
+        return f"last complete checkpoint: {last_ckpt}; rerun the same command to resume from it"
+    return (f"last complete checkpoint: {last_ckpt}; to resume from it, rerun with trainer.resume_mode=resume_path "
+            f"trainer.resume_from_path={last_ckpt} (trainer.resume_mode is {resume_mode})")
+
+
 def _rollout_metrics(outs: list[RolloutResult], summaries: list[TrajectorySummary], step: int) -> dict[str, float]:
     """A step's rollout metrics: reward/tool time (slowest shard), trajectory statistics, policy lag, what
     the failure rules left out and the engines' counters (summed over shards)."""
     metrics = {"time/reward": max(out.reward_seconds for out in outs),
                "time/tools": max(out.tool_seconds for out in outs), **summarize(summaries)}
-    lags = [step - 1 - summary.oldest_version for summary in summaries]  # the engines hold version step-1
+    # the engines hold version step-1; only what the loss sees has a lag that matters
+    lags = [step - 1 - summary.oldest_version for summary in summaries if summary.outcome in SCORED_OUTCOMES]
     metrics["rollout/policy_lag/mean"] = sum(lags) / max(1, len(lags))
     metrics["rollout/policy_lag/max"] = float(max(lags, default=0))
     for attr in ("counts", "engine"):  # failure-rule counts; engine counters of this step, all replicas
@@ -389,7 +403,7 @@ def run_train_cli(args: Any) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         train(load_config(args.config, list(args.overrides)))
-    except TrainingError as e:
+    except (TrainingError, LoggerConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from verl_agent.protocol import SCORED_OUTCOMES
 from verl_agent.viewer.jsonl import JsonlIndex, RecordError
 from verl_agent.viewer.query import Filter, facets, select, summary
 from verl_agent.viewer.tokens import TokenDecoder
@@ -82,10 +83,12 @@ class Run:
 
     # ---- metrics ------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
-        """{"rows": [{step, metric: value}], "keys": [...], "errors": [{line, error}]} of metrics.jsonl."""
+        """{"rows": [{step, metric: value}], "keys": [...], "errors": [{line, error}], "steps": n} of
+        metrics.jsonl; `steps` counts the training steps (not the validation-only row of step 0, nor a step's
+        second row for validation after training)."""
         path = self.run_dir / "metrics.jsonl"
         if not path.exists():
-            return {"rows": [], "keys": [], "errors": []}
+            return {"rows": [], "keys": [], "errors": [], "steps": 0}
         st = path.stat()
         key = (st.st_ino, st.st_size, st.st_mtime_ns)
         if key != self._metrics_key:
@@ -107,7 +110,9 @@ class Run:
         return facets(self.index(file_id), with_tools=True)["tools"]
 
     def record(self, file_id: str, i: int) -> dict[str, Any]:
-        """The full record of entry i, plus per-token text ("prompt_tokens"/"response_tokens", or None)."""
+        """The full record of entry i, plus per-token text ("prompt_tokens"/"response_tokens", or None) and
+        "in_loss": whether the trainer used it (an infrastructure failure or a filtered prompt has mask-1
+        tokens, but never reaches the loss)."""
         idx = self.index(file_id)
         if not 0 <= i < len(idx):
             raise RunError(f"{file_id}: no record {i} (the file has {len(idx)})")
@@ -118,6 +123,7 @@ class Run:
         rec["_index"], rec["_line"], rec["_file"] = i, idx.entries[i].lineno, file_id
         rec["prompt_tokens"] = self.decoder.decode(rec.get("prompt_ids") or [])
         rec["response_tokens"] = self.decoder.decode(rec.get("response_ids") or [])
+        rec["in_loss"] = rec.get("outcome", "ok") in SCORED_OUTCOMES and bool(rec.get("response_ids"))
         return finite(rec)
 
     def find_uid(self, file_id: str, uid: str) -> list[int]:
@@ -153,4 +159,5 @@ def _read_metrics(path: Path) -> dict[str, Any]:
             rows.append({k: v for k, v in row.items()
                          if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)})
             keys.update(dict.fromkeys(k for k in rows[-1] if k != "step"))
-    return {"rows": rows, "keys": sorted(keys), "errors": errors}
+    steps = {r["step"] for r in rows if any(k != "step" and not k.startswith("val/") for k in r)}
+    return {"rows": rows, "keys": sorted(keys), "errors": errors, "steps": len(steps)}

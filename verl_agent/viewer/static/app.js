@@ -8,7 +8,9 @@ const CHARTS = [
   ["Entropy", ["actor/entropy"]],
   ["KL", ["actor/kl", "actor/ppo_kl", "actor/kl_loss"]],
   ["Time per phase (s)", (keys) => keys.filter((k) => k.startsWith("time/"))],
-  ["Infrastructure failures", (keys) => keys.filter((k) => k.startsWith("rollout/infra_failed"))],
+  // a share (0..1) and counts never share an axis
+  ["Infrastructure failures (share)", ["rollout/infra_failed", "val/infra_failed"]],
+  ["Infrastructure failures by cause (count)", (keys) => keys.filter((k) => k.startsWith("rollout/infra_failed/"))],
 ];
 const PAGE = 50, POLL_MS = 3000;
 const state = { xrange: null, metricsSig: null, extra: [], file: null, offset: 0, selected: null };
@@ -50,7 +52,7 @@ async function refreshMetrics(force) {
   const m = await Api.metrics();
   const sig = `${m.rows.length}:${JSON.stringify(m.rows[m.rows.length - 1] || {})}:${m.errors.length}`;
   if (force || sig !== state.metricsSig) { state.metricsSig = sig; state.metrics = m; renderCurves(m); }
-  $("#steps-count").textContent = `${m.rows.length} steps logged`;
+  $("#steps-count").textContent = `${m.steps} training step${m.steps === 1 ? "" : "s"} logged`;
 }
 
 // ---- step browser -----------------------------------------------------------------------------

@@ -175,7 +175,7 @@ function legend(rec, mode) {
       h("span", { class: "tok", style: `background:${logprobColor(0)}` }, "certain (p = 1)"), " ",
       h("span", { class: "tok m0" }, "not trained (mask 0)"));
   } else {
-    row.append(h("span", { class: "tok m1" }, "trained (mask 1)"), " ",
+    row.append(h("span", { class: "tok m1" }, rec.in_loss === false ? "generated (mask 1; not in the loss)" : "trained (mask 1)"), " ",
       h("span", { class: "tok m0" }, "not trained (mask 0: tool results, feedback, template)"));
   }
   return row;
@@ -196,7 +196,9 @@ function renderTrajectory(rec, opts = {}) {
     h("option", { value: "mask" }, "colour: loss mask"), h("option", { value: "logprob" }, "colour: rollout log-prob"),
     hasAdv ? h("option", { value: "advantage" }, "colour: advantage") : null);
   out.appendChild(h("h3", {}, "Tokens ", h("span", { class: "muted" },
-    `${(rec.response_ids || []).length} response tokens, ${nTrained} trained` +
+    `${(rec.response_ids || []).length} response tokens, ` +
+    (rec.in_loss === false ? `${nTrained} generated, none trained (${rec.outcome}: left out of the loss)`
+      : `${nTrained} trained`) +
     (rec.response_tokens ? "" : " · no tokenizer found: showing ids")), " ", mode));
   draw("mask");
   out.appendChild(tokBox);
