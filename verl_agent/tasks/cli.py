@@ -4,7 +4,8 @@
 prints a table and one JSON line (reward, outcome, timings). ``check DIR`` runs oracle and nop on
 every task of a folder and lists each task whose oracle does not score 1 or whose nop does not
 score 0 (exit code 1 then). ``build-bases`` builds the offline base images (verl_agent.tasks.bases).
-``reap`` removes task containers left by dead runs on this host. ``export DIR --out BUNDLE`` writes every
+``reap`` removes task containers left by dead runs on this host. ``--runtime docker|bwrap|auto`` picks the
+container runtime of run, check and reap. ``export DIR --out BUNDLE`` writes every
 task image of a folder as one bundle, and ``import BUNDLE`` loads it into the daemonless image store
 (verl_agent.tasks.export).
 """
@@ -20,6 +21,10 @@ from typing import Any
 __all__ = ["add_cli", "run_cli"]
 
 
+RUNTIMES = ("docker", "bwrap", "auto")
+RUNTIME_HELP = "container runtime: docker, bwrap (no daemon), or auto (docker when a daemon answers)"
+
+
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("tasks", help="Harbor tasks in containers: run, check, build-bases, reap, export, import",
                        description="Harbor-format tasks: one container per trajectory, graded by the task's tests.")
@@ -33,12 +38,15 @@ def add_cli(sub: Any) -> None:
     r.add_argument("--served-model-name", default=None, help="the model name to send to an OpenAI URL")
     r.add_argument("--max-turns", type=int, default=20, help="--agent model: assistant turns at most")
     r.add_argument("--allow-internet", action="store_true", help="run a task that asks for internet access")
+    r.add_argument("--runtime", choices=RUNTIMES, default="auto", help=RUNTIME_HELP)
     c = actions.add_parser("check", help="oracle must score 1 and nop 0 on every task of a folder")
     c.add_argument("folder", help="a folder of task directories (or one task directory)")
     c.add_argument("--jobs", type=int, default=4, help="tasks run at once")
     c.add_argument("--allow-internet", action="store_true", help="run tasks that ask for internet access")
+    c.add_argument("--runtime", choices=RUNTIMES, default="auto", help=RUNTIME_HELP)
     actions.add_parser("build-bases", help="build the offline base images (debian:bookworm-slim, python:3.12-slim)")
-    actions.add_parser("reap", help="remove task containers left behind by dead runs on this host")
+    rp = actions.add_parser("reap", help="remove task containers left behind by dead runs on this host")
+    rp.add_argument("--runtime", choices=RUNTIMES, default="auto", help=RUNTIME_HELP)
     e = actions.add_parser("export", help="build every task image of a folder and write one bundle for hosts "
                            "without Docker (images.tar.zst + index.json)")
     e.add_argument("folder", help="a folder of task directories (searched recursively), or one task directory")
@@ -78,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
         print("verl-agent tasks run: error: --agent model needs --model PATH_OR_URL", file=sys.stderr)
         return 2
     run = asyncio.run(run_task(args.task_dir, args.agent, model=args.model, allow_internet=args.allow_internet,
-                               **kwargs))
+                               runtime=args.runtime, **kwargs))
     _print_run(run)
     return 0 if run.outcome == "ok" else 1
 
@@ -88,7 +96,8 @@ def _check(args: argparse.Namespace) -> int:
     from verl_agent.tasks.task import TaskError
 
     try:
-        results = asyncio.run(check_tasks(args.folder, jobs=args.jobs, allow_internet=args.allow_internet))
+        results = asyncio.run(check_tasks(args.folder, jobs=args.jobs, allow_internet=args.allow_internet,
+                                          runtime=args.runtime))
     except TaskError as e:
         print(f"verl-agent tasks check: error: {e}", file=sys.stderr)
         return 2
@@ -185,11 +194,10 @@ def run_cli(args: argparse.Namespace) -> int:
 
         return int(bases.main([]) or 0)
     if args.tasks_command == "reap":
-        import docker
+        from verl_agent.containers import get_runtime
 
-        from verl_agent.tasks.container import reap
-
-        print(f"removed {reap(docker.from_env())} task container(s) of dead runs")
+        runtime = get_runtime(args.runtime)
+        print(f"removed {runtime.reap()} task container(s) of dead runs ({runtime.name})")
         return 0
     if args.tasks_command == "export":
         return _export(args)

@@ -140,7 +140,11 @@ def grade(runtime: Runtime, box: TaskContainer, task: HarborTask, *, timeout: fl
     if run.exit_code is None:
         raise GradingError(f"tests/test.sh did not finish within {limit:g} s (verifier timeout_sec)",
                            "verifier_timeout")
-    reward, metrics = read_reward(run.files)
+    try:
+        reward, metrics = read_reward(run.files)
+    except GradingError as e:  # what test.sh printed says why it wrote no reward
+        raise GradingError(f"{e}; test.sh (exit {run.exit_code}) printed: {run.output[-1500:] or '(nothing)'}",
+                           e.cause) from None
     return Grade(reward, metrics, run.exit_code, run.output, time.perf_counter() - t0)
 
 
