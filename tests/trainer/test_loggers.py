@@ -128,7 +128,7 @@ def test_missing_extra_is_named_with_its_pip_install(monkeypatch, tmp_path):
         load_config(None, ["trainer.logger=[console,wandb]"])
     with pytest.raises(ImportError, match=r"pip install verl-agent\[wandb\]"):
         Tracker(tmp_path, ["wandb"])
-    with pytest.raises(ConfigError, match="supported loggers: console, tensorboard, wandb, mlflow"):
+    with pytest.raises(ConfigError, match="registered loggers: console, mlflow, tensorboard, wandb"):
         load_config(None, ["trainer.logger=[console,neptune]"])
 
 

@@ -19,6 +19,7 @@ import torch
 from verl_agent.trainer.actor import (
     MicroBatching, forward_log_probs, forward_values, micro_batches, reduce_op, update_actor, update_critic,
 )
+from verl_agent.trainer.advantage_base import needs_critic
 from verl_agent.trainer.batch import TrainSeq
 from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
 from verl_agent.trainer.memory import plan_memory
@@ -91,7 +92,7 @@ class Policy:
         self.mb_ref = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens,
                                     arr.ref.log_prob_micro_batch_size_per_gpu or self.mb_log_prob.per_gpu)
         self.critic: torch.nn.Module | None = None
-        if cfg.algorithm.adv_estimator == "gae":
+        if needs_critic(cfg.algorithm.adv_estimator):
             self._build_critic()
         self._rollout_is_in_update: tuple[str, float] | None = None  # (level, cap) when the update weighs them
 

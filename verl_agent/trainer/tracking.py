@@ -18,9 +18,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from verl_agent.registry import LOGGERS
+
 __all__ = ["Tracker", "timer", "console_line"]
 
 logger = logging.getLogger(__name__)
+
+# The Tracker writes these itself (loggers.py registers the external ones): registered as None, valid names.
+LOGGERS.register("console", None)
+LOGGERS.register("tensorboard", None)
 
 
 @contextmanager
