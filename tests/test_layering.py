@@ -35,7 +35,8 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"protocol"},
     "chat": {"protocol"},
     "parsers": {"protocol"},
-    "data": {"protocol", "tasks.task"},
+    "harbor": {"protocol"},
+    "data": {"protocol", "harbor"},
     "config": {"protocol", "parsers", "engine.settings", "judge", "imports", "registry"},
     "reward": {"imports"},
     "yaml_registry": {"imports", "verl_compat"},
@@ -46,10 +47,10 @@ ALLOWED: dict[str, set[str]] = {
                 "interactions", "engine", "models"},
     "trainer": {"protocol", "config", "data", "reward", "judge", "imports", "registry", "chat", "parsers", "tools",
                 "interactions", "engine", "models", "rollout"},
-    "tasks": {"protocol", "config", "data", "reward", "judge", "imports", "registry", "chat", "parsers", "tools",
-              "interactions", "engine", "models", "rollout", "sandbox"},
+    "tasks": {"protocol", "config", "data", "harbor", "reward", "judge", "imports", "registry", "chat", "parsers",
+              "tools", "interactions", "engine", "models", "rollout", "sandbox"},
     "viewer": {"protocol", "config", "rollout"},
-    "cli": {"__init__", "protocol", "config", "data", "reward", "judge", "imports", "registry", "chat", "parsers", "tools",
+    "cli": {"__init__", "protocol", "config", "data", "harbor", "reward", "judge", "imports", "registry", "chat", "parsers", "tools",
             "interactions", "engine", "models", "rollout", "trainer", "viewer", "sandbox", "tasks"},
     "__main__": {"cli"},
     "__init__": set(),
@@ -160,6 +161,7 @@ def test_the_rule_refuses_upward_and_sideways_imports():
     assert not ok("verl_agent.engine.hf_engine", "verl_agent.rollout.stream")
     assert not ok("verl_agent.protocol", "verl_agent.config")
     assert not ok("verl_agent.rollout.build", "verl_agent.trainer.loop")
+    assert not ok("verl_agent.data", "verl_agent.tasks.model_agent")  # the old loop rollout -> data -> tasks -> rollout
     assert ok("verl_agent.cli", "verl_agent.trainer.loop") and ok("verl_agent.__main__", "verl_agent.cli")
 
 
@@ -235,6 +237,17 @@ def test_no_import_circles():
         warnings.warn(f"import circles inside allow-listed packages: {tolerated}", stacklevel=1)
     bad = [c for c in circles if c not in tolerated]
     assert bad == [], "import circles:\n  " + "\n  ".join(" <-> ".join(c) for c in bad)
+
+
+def test_no_upward_imports_between_components():
+    """0 upward imports: the components' graph (A -> B when a module of A imports one of B, any import) has no
+    circle, so the layers have one order; e.g. data never reaches tasks, which reaches rollout, which reads data."""
+    graph: dict[str, set[str]] = {}
+    for m in MODULES.values():
+        graph.setdefault(m.component, set()).update(MODULES[t].component for t in m.imports)
+    for comp, deps in graph.items():
+        deps.discard(comp)
+    assert _strongly_connected(graph) == []
 
 
 def _size_violations() -> list[tuple[str, str]]:
