@@ -72,7 +72,7 @@ def test_plugins_are_imported_before_the_names_are_checked(tmp_path, monkeypatch
 
 
 def test_a_registered_logger_is_a_valid_trainer_logger_and_is_opened(tmp_path):
-    from verl_agent.trainer.loggers import LoggerRun, open_loggers
+    from verl_agent.trainer.tracking.loggers import LoggerRun, open_loggers
 
     opened: list[LoggerRun] = []
 

@@ -116,16 +116,16 @@ class Registry(Generic[T]):
 
 # The built-in entries live beside the code that uses them; these modules register them on import.
 ADV_ESTIMATORS: Registry[Any] = Registry(
-    "advantage estimator", "algorithm.adv_estimator", ("verl_agent.trainer.advantages",))
+    "advantage estimator", "algorithm.adv_estimator", ("verl_agent.trainer.algorithms.advantages",))
 POLICY_LOSSES: Registry[Any] = Registry(
-    "policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode", ("verl_agent.trainer.losses",))
+    "policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode", ("verl_agent.trainer.algorithms.losses",))
 ENGINES: Registry[Any] = Registry("engine", "actor_rollout_ref.rollout.name", ("verl_agent.rollout.build",))
 REWARD_MANAGERS: Registry[Any] = Registry(
     "reward manager", "reward_model.reward_manager", ("verl_agent.rollout.build",))
 CONTEXT_STRATEGIES: Registry[Any] = Registry(
     "context strategy", "actor_rollout_ref.rollout.multi_turn.context.strategy", ("verl_agent.rollout.context",))
 LOGGERS: Registry[Any] = Registry(
-    "logger", "trainer.logger", ("verl_agent.trainer.tracking", "verl_agent.trainer.loggers"))
+    "logger", "trainer.logger", ("verl_agent.trainer.tracking.tracker", "verl_agent.trainer.tracking.loggers"))
 # Where container runtimes (docker, bwrap) register; the package that holds them names itself in `builtins`.
 CONTAINER_RUNTIMES: Registry[Any] = Registry("container runtime", None)
 

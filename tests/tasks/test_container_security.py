@@ -22,7 +22,7 @@ from verl_agent.tasks.container import LABEL, OWNER_LABEL, RUN_LABEL, ContainerS
 from verl_agent.tasks.grading import copy_dir
 from verl_agent.tasks.image import ensure_image
 from verl_agent.tasks.shell import Shell
-from verl_agent.harbor import load_task
+from verl_agent.data.harbor import load_task
 
 pytestmark = [needs_docker, pytest.mark.docker]
 

@@ -14,14 +14,14 @@ from task_helpers import needs_docker
 
 from verl_agent.tasks.container import LABEL, OWNER_LABEL
 from verl_agent.tasks.pool import ContainerPool
-from verl_agent.harbor import load_task
+from verl_agent.data.harbor import load_task
 
 pytestmark = [needs_docker, pytest.mark.docker]
 
 CHILD = """
 import asyncio, sys
 from verl_agent.tasks.pool import ContainerPool
-from verl_agent.harbor import load_task
+from verl_agent.data.harbor import load_task
 
 async def main():
     pool = ContainerPool(warm=1)

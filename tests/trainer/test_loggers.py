@@ -17,8 +17,8 @@ import pytest
 
 from verl_agent.protocol import Message, RolloutBatch, Trajectory
 from verl_agent.rollout.records import write_records
-from verl_agent.trainer.loggers import TABLE_ROWS, flatten_params
-from verl_agent.trainer.tracking import Tracker
+from verl_agent.trainer.tracking.loggers import TABLE_ROWS, flatten_params
+from verl_agent.trainer.tracking.tracker import Tracker
 
 STEP_METRICS = {1: {"rollout/reward/mean": 0.25, "actor/kl": 0.01, "rollout/infra_failed/tool_timeout": 2.0},
                 2: {"rollout/reward/mean": 0.5, "actor/kl": 0.02, "rollout/infra_failed/tool_timeout": 0.0}}
@@ -153,7 +153,7 @@ def test_a_failing_tracker_costs_a_warning_not_the_run(offline_env, caplog, monk
         tracker.log(2, STEP_METRICS[2], write=lambda line: None)
         tracker.log_trajectories(2, [_write_step(run_dir, 2, n=3)])
         tracker.close()
-    warned = [r.getMessage() for r in caplog.records if r.name == "verl_agent.trainer.tracking"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "verl_agent.trainer.tracking.tracker"]
     assert len(warned) == 3 and "mlflow could not log metrics of step 2" in warned[0]
     assert [json.loads(line)["step"] for line in tracker.path.read_text().splitlines()] == [1, 2]
     old_id = json.loads((run_dir / "loggers.json").read_text())["mlflow"]

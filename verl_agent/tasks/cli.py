@@ -74,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from verl_agent.tasks.runner import check_tasks
-    from verl_agent.harbor import TaskError
+    from verl_agent.data.harbor import TaskError
 
     try:
         results = asyncio.run(check_tasks(args.folder, jobs=args.jobs, allow_internet=args.allow_internet))

@@ -28,7 +28,7 @@ from typing import Any
 from verl_agent.tasks.grading import Grade, grade
 from verl_agent.tasks.pool import ContainerError, ContainerPool, TaskContainer
 from verl_agent.tasks.shell import ShellError, ShellResult
-from verl_agent.harbor import HarborTask, load_task
+from verl_agent.data.harbor import HarborTask, load_task
 
 __all__ = ["POOL_KEYS", "TaskEnvironment", "attach", "close_pool", "detach", "get_env", "get_pool", "using_pool"]
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_agent.tasks.pool import ContainerError, TaskContainer
-from verl_agent.harbor import HarborTask
+from verl_agent.data.harbor import HarborTask
 
 __all__ = ["Grade", "GradingError", "copy_dir", "grade", "run_exec"]
 

@@ -34,7 +34,7 @@ from typing import Any
 from verl_agent.tasks.container import (LABEL, NODE_LABEL, OWNER_LABEL, RUN_LABEL, TASK_LABEL, ContainerSpec,
                                         container_kwargs, owner_id, reap)
 from verl_agent.tasks.shell import Shell, ShellError
-from verl_agent.harbor import HarborTask
+from verl_agent.data.harbor import HarborTask
 
 __all__ = ["ContainerError", "ContainerPool", "TaskContainer"]
 
@@ -113,7 +113,7 @@ class ContainerPool:
     def spec_for(self, task: HarborTask, image: str) -> ContainerSpec:
         cfg = task.config
         if cfg.allow_internet and not self.allow_internet:
-            from verl_agent.harbor import TaskError
+            from verl_agent.data.harbor import TaskError
 
             raise TaskError(f"{task.path / 'task.toml'}: the task asks for internet access; refused "
                             "(allow it explicitly: allow_internet=true in the tool config / --allow-internet)")

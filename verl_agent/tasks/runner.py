@@ -17,7 +17,7 @@ from typing import Any
 from verl_agent.tasks.grading import copy_dir, grade
 from verl_agent.tasks.image import ImageError, image_tag
 from verl_agent.tasks.pool import ContainerError, ContainerPool
-from verl_agent.harbor import TaskError, load_task
+from verl_agent.data.harbor import TaskError, load_task
 
 __all__ = ["AGENTS", "TaskRun", "run_task", "check_tasks"]
 
@@ -112,7 +112,7 @@ def _has_image(pool: ContainerPool, tag: str) -> bool:
 async def check_tasks(folder: str | Path, *, jobs: int = 4, allow_internet: bool = False
                       ) -> list[tuple[str, TaskRun, TaskRun]]:  # fmt: skip
     """Oracle and nop on every task of `folder`: [(task dir, oracle run, nop run)], in folder order."""
-    from verl_agent.harbor import find_tasks
+    from verl_agent.data.harbor import find_tasks
 
     dirs = find_tasks(folder)
     pool = await asyncio.to_thread(ContainerPool, warm=0, allow_internet=allow_internet)

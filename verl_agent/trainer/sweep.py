@@ -40,7 +40,7 @@ def run_sweep(variants: list[str], seeds: list[int], config_for: Callable[[str, 
               results_path: Path, runs: Path, per_sample: bool = False) -> Results:  # fmt: skip
     """Train every (variant, seed) not yet in `results_path`, seed by seed (a stopped sweep still has every
     variant's first seeds); the curve's x is the step, or the training trajectories seen with `per_sample`."""
-    from verl_agent.trainer.controller import init_ray
+    from verl_agent.trainer.workers.controller import init_ray
     from verl_agent.trainer.loop import train
 
     results: Results = json.loads(results_path.read_text()) if results_path.exists() else {}

@@ -37,7 +37,7 @@ from collections.abc import Hashable
 import torch
 from torch import Tensor
 
-from verl_agent.trainer.advantage_base import (
+from verl_agent.trainer.algorithms.advantage_base import (
     AdvantageInputs, group_normalize, masked_whiten, need_groups, register_adv_estimator,
 )
 

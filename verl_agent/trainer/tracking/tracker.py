@@ -62,7 +62,7 @@ class Tracker:
 
     def __init__(self, run_dir: Path, loggers: list[str], append: bool = False, config: dict[str, Any] | None = None,
                  project: str = "verl_agent", experiment: str = "run") -> None:  # fmt: skip
-        from verl_agent.trainer.loggers import open_loggers
+        from verl_agent.trainer.tracking.loggers import open_loggers
 
         self.path = run_dir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,8 @@ from verl_agent.config import ConfigError
 from verl_agent.engine.kv_pool import (
     device_available_bytes, device_memory_bytes, kv_bytes_per_token, share_budget,
 )
-from verl_agent.trainer.advantage_base import needs_critic
-from verl_agent.trainer.lora import engine_shares_base
+from verl_agent.trainer.algorithms.advantage_base import needs_critic
+from verl_agent.trainer.weights.lora import engine_shares_base
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ class _Inputs:
 
 
 def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Module]) -> _Inputs:
-    from verl_agent.trainer.rollout_worker import engine_slots
+    from verl_agent.trainer.workers.rollout_worker import engine_slots
 
     arr, r, t = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout, cfg.trainer
     config = actor.config

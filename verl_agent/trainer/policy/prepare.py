@@ -24,11 +24,11 @@ import torch
 from torch import Tensor
 
 from verl_agent.protocol import SUCCESS_THRESHOLD, Trajectory
-from verl_agent.trainer.advantage_base import needs_critic
+from verl_agent.trainer.algorithms.advantage_base import needs_critic
 from verl_agent.trainer.algorithms import (
     AllReduce, apply_kl_in_reward, compute_advantages, filter_uniform_groups, kl_penalty, scores_to_token_rewards,
 )
-from verl_agent.trainer.batch import TrainSeq, from_trajectory, pad_field
+from verl_agent.trainer.policy.batch import TrainSeq, from_trajectory, pad_field
 
 __all__ = ["train_seqs", "assign_advantages", "filter_groups", "log_prob_metrics",
            "apply_rollout_correction", "rollout_is_weights", "add_rollout_is_stats", "rollout_is_metrics",

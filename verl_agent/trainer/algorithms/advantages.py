@@ -35,11 +35,11 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
-from verl_agent.trainer.advantage_base import (
+from verl_agent.trainer.algorithms.advantage_base import (
     ADV_ESTIMATORS, AdvantageFn, AdvantageInputs, AllReduce, group_normalize, group_stats, masked_whiten, need_groups,
     register_adv_estimator,
 )
-from verl_agent.trainer.turn_advantages import gae_turn
+from verl_agent.trainer.algorithms.turn_advantages import gae_turn
 
 __all__ = [
     "AdvantageInputs", "ADV_ESTIMATORS", "register_adv_estimator", "get_adv_estimator",

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from verl_agent.registry import ADV_ESTIMATORS
-from verl_agent.trainer.losses import masked_mean, masked_sum
+from verl_agent.trainer.algorithms.losses import masked_mean, masked_sum
 
 __all__ = ["ADV_ESTIMATORS", "AdvantageFn", "AdvantageInputs", "AllReduce", "group_normalize", "group_stats",
            "masked_whiten", "need_groups", "needs_critic", "needs_groups", "register_adv_estimator"]

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from verl_agent.protocol import Trajectory
 from verl_agent.rollout.stream import Group
-from verl_agent.trainer.advantage_base import needs_groups
-from verl_agent.trainer.batch import TrainSeq
-from verl_agent.trainer.prepare import train_seqs
-from verl_agent.trainer.rollout_worker import log_trajectories
+from verl_agent.trainer.algorithms.advantage_base import needs_groups
+from verl_agent.trainer.policy.batch import TrainSeq
+from verl_agent.trainer.policy.prepare import train_seqs
+from verl_agent.trainer.workers.rollout_worker import log_trajectories
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
