@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.grpo_step import SHAPES, Peaks  # noqa: E402
-from verl_agent.trainer.state_files import write_back  # noqa: E402
+from verl_agent.trainer.persistence.state_files import write_back  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False)
@@ -98,7 +98,7 @@ def build(shape: str, device: str):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from verl_agent.trainer.fsdp import shard
+    from verl_agent.trainer.policy.fsdp import shard
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -186,7 +186,7 @@ def main() -> None:
 
     import torch
 
-    from verl_agent.trainer import checkpoint as ckpt
+    from verl_agent.trainer.persistence import checkpoint as ckpt
 
     args.dir.mkdir(parents=True, exist_ok=True)
     res: dict = {"shape": args.shape, "device": args.device, "dir": str(args.dir)}

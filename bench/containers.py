@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from verl_agent.tasks.pool import ContainerPool  # noqa: E402
-from verl_agent.tasks.task import load_task  # noqa: E402
+from verl_agent.data.harbor import load_task  # noqa: E402
 
 BASE = "verl-agent-sandbox-base:bookworm"
 
@@ -225,7 +225,7 @@ def report(r: dict) -> dict:
 KILLED_TRAINER = """
 import asyncio, sys
 from verl_agent.tasks.pool import ContainerPool
-from verl_agent.tasks.task import load_task
+from verl_agent.data.harbor import load_task
 
 async def main():
     pool = ContainerPool(warm=0)

@@ -46,7 +46,7 @@ def push(base: list[str], transport: str, repeat: int, rollout_gpus: float | Non
     import ray
 
     from verl_agent.config import load_config
-    from verl_agent.trainer.controller import WorkerGroup
+    from verl_agent.trainer.workers.controller import WorkerGroup
 
     cfg = load_config(None, [*base, "trainer.placement=split", f"trainer.weight_transport={transport}",
                              "trainer.num_cpu_workers=1",

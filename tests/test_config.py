@@ -144,7 +144,7 @@ def test_all_keys_lists_nested_verl_keys():
     ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "param_offload", "needs GPU workers"),
     ("actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "fsdp_size", "HSDP is not implemented"),
     ("actor_rollout_ref.rollout.response_length=7", "rollout.response_length", "data.max_response_length"),
-    ("trainer.logger=[console,neptune]", "trainer.logger", "supported loggers"),
+    ("trainer.logger=[console,neptune]", "trainer.logger", "registered loggers: console, mlflow, tensorboard, wandb"),
     ("trainer.max_staleness=3", "trainer.max_staleness", "only trainer.mode=async uses it"),
     ("trainer.partial_rollout=false", "trainer.partial_rollout", "only trainer.mode=async uses it"),
     ("trainer.resume_from_path=/r/global_step_3", "trainer.resume_from_path", "resume_mode=resume_path uses it"),

@@ -72,7 +72,7 @@ def _eval_model(spec: str, args: argparse.Namespace) -> EvalModel:
         return EvalModel(spec, url=spec, served_name=args.served_model_name, api_key=key)
     path = Path(spec)
     if (path / "complete.json").exists() or (path / "checkpoints").is_dir():
-        from verl_agent.trainer.checkpoint import load_checkpoint_model, resolve_checkpoint
+        from verl_agent.trainer.persistence.checkpoint import load_checkpoint_model, resolve_checkpoint
 
         ckpt = resolve_checkpoint(path)  # before any rollout: a bad path fails at once
         return EvalModel(spec, load=lambda: load_checkpoint_model(ckpt))

@@ -20,10 +20,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from verl_agent.engine.settings import HFEngineSettings
+from verl_agent.imports import import_module
 from verl_agent.judge import DEFAULT_SCORE_PATTERN, DEFAULT_SCORING_PROMPT, check_score_pattern, check_scoring_prompt
+from verl_agent.registry import (
+    ADV_ESTIMATORS, CONTEXT_STRATEGIES, ENGINES, LOGGERS, POLICY_LOSSES, REWARD_MANAGERS,
+)
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "save_config", "all_keys"]
 
@@ -34,6 +38,13 @@ class ConfigError(ValueError):
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+# Keys that name a registered component (verl_agent/registry.py); an unknown name's error lists the registered ones.
+EngineName = Annotated[str, AfterValidator(ENGINES.check)]
+EstimatorName = Annotated[str, AfterValidator(ADV_ESTIMATORS.check)]
+PolicyLossName = Annotated[str, AfterValidator(POLICY_LOSSES.check)]
+RewardManagerName = Annotated[str, AfterValidator(REWARD_MANAGERS.check)]
 
 
 # ---------------------------------------------------------------- data
@@ -134,6 +145,9 @@ class RewardModelConfig(Section):
     """verl's reward_model section: with enable=true an LLM judge gives the reward (verl_agent/judge.py)."""
 
     enable: bool = Field(False, description="score every trajectory with the judge (instead of a reward function)")
+    reward_manager: RewardManagerName = Field(
+        "naive", description="how a trajectory's reward is computed; naive: the judge, the reward function or "
+        "the tools' and interactions' scores, one call per trajectory (verl_agent/registry.py)")
     model: RewardModelModelConfig = Field(default_factory=RewardModelModelConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
 
@@ -178,7 +192,8 @@ class OptimConfig(Section):
 
 
 class PolicyLossConfig(Section):
-    loss_mode: Literal["vanilla", "gspo"] = "vanilla"
+    loss_mode: PolicyLossName = Field(
+        "vanilla", description="a registered policy loss: vanilla | gspo | your own (verl_agent/registry.py)")
 
 
 class FSDPConfig(Section):
@@ -230,7 +245,6 @@ class RefConfig(Section):
 
 
 # ---------------------------------------------------------------- rollout
-CONTEXT_STRATEGIES = ("none", "drop_observations", "truncate_middle", "summarize")
 DEFAULT_SUMMARY_PROMPT = ("Your context is nearly full. Summarize everything you will still need to finish the "
                           "task: what you found, what you did, and what is left to do. Reply with the summary only.")
 
@@ -259,9 +273,11 @@ class ContextConfig(Section):
             return "none"
         if not isinstance(value, str):
             return value
-        if value not in CONTEXT_STRATEGIES and ":" not in value and "." not in value:
-            raise ValueError(f"unknown context strategy {value!r}; choose one of {list(CONTEXT_STRATEGIES)} or "
-                             "name a function as 'pkg.mod:fn' or 'path/file.py:fn'")
+        if ":" not in value and "." not in value:  # a name, not a function path
+            try:
+                CONTEXT_STRATEGIES.check(value)
+            except ValueError as e:
+                raise ValueError(f"{e}, or name a function as 'pkg.mod:fn' or 'path/file.py:fn'") from None
         return value
 
 
@@ -384,7 +400,8 @@ _HF = HFEngineSettings()  # the hf engine's defaults, for the keys that configur
 
 
 class RolloutConfig(Section):
-    name: Literal["hf", "sglang"] = "hf"
+    name: EngineName = Field(
+        "hf", description="a registered engine: hf | sglang | your own (verl_agent/registry.py)")
     mode: Literal["sync", "async"] = Field("async", description="trajectories always run concurrently (sync is refused)")
     n: int = Field(1, ge=1, description="trajectories per prompt (GRPO group size)")
     temperature: float = Field(1.0, ge=0)
@@ -507,9 +524,10 @@ class GiGPOConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae",
-                           "grpo_turn", "gigpo"] = Field(
-        "grpo", description="grpo_turn / gigpo (and gae with gae_timestep_unit=turn) give credit per assistant turn")
+    adv_estimator: EstimatorName = Field(
+        "grpo", description="a registered estimator: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline "
+        "| gae | grpo_turn | gigpo | your own (verl_agent/registry.py); grpo_turn / gigpo (and gae with "
+        "gae_timestep_unit=turn) give credit per assistant turn")
     gamma: float = Field(1.0, description="discount per model token (token estimators) or per assistant turn "
                          "(grpo_turn, gigpo, gae with gae_timestep_unit=turn)")
     lam: float = 1.0
@@ -523,9 +541,6 @@ class AlgorithmConfig(Section):
     kl_ctrl: KLCtrlConfig = Field(default_factory=KLCtrlConfig)
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
-
-
-LOGGERS = ("console", "tensorboard", "wandb", "mlflow")
 
 
 class TrainerConfig(Section):
@@ -603,6 +618,10 @@ class TrainerConfig(Section):
 
 
 class RunConfig(Section):
+    plugins: list[str] = Field(default_factory=list, description="your modules, imported before the rest of the "
+                               "config is checked (in the driver and every worker): 'pkg.mod' or 'path/file.py' "
+                               "(relative to the working directory); they register estimators, losses, engines, "
+                               "... by name (verl_agent/registry.py)")
     data: DataConfig = Field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = Field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
@@ -635,6 +654,14 @@ class RunConfig(Section):
             longest = max(longest, (mt.max_context_length or budget) + self.data.max_response_length)
         return longest
 
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        """Import `plugins` first: the names they register must be known when the sections are checked."""
+        if isinstance(data, dict) and data.get("plugins"):
+            data = {**data, "plugins": import_plugins(data["plugins"])}
+        return data
+
     @model_validator(mode="after")
     def _refuse_unimplemented(self) -> RunConfig:
         problems = [f"{key}={value!r}: {hint}" for key, value, hint in _unimplemented(self)]
@@ -644,6 +671,22 @@ class RunConfig(Section):
 
 
 _Refuse = Callable[[bool, str, Any, str], None]  # refuse(when, key, value, what to use instead)
+
+
+def import_plugins(specs: Any) -> list[str]:
+    """Import each of `plugins` ('pkg.mod' or 'path/file.py'); returns them with file paths made absolute, so that
+    Ray workers (another working directory) import the same files."""
+    if not isinstance(specs, list) or not all(isinstance(s, str) and s for s in specs):
+        raise ValueError(f"plugins must be a list of module paths ('pkg.mod' or 'path/file.py'), got {specs!r}")
+    out = []
+    for i, spec in enumerate(specs):
+        spec = str(Path(spec).resolve()) if spec.endswith(".py") else spec
+        try:
+            import_module(spec)
+        except ImportError as e:
+            raise ValueError(f"plugins[{i}]={spec!r}: {e}") from None
+        out.append(spec)
+    return out
 
 
 def _unimplemented(c: RunConfig) -> list[tuple[str, Any, str]]:
@@ -756,8 +799,8 @@ def _refuse_fsdp_and_logger(c: RunConfig, refuse: _Refuse) -> None:
                "the weight push would run NCCL collectives on CPU tensors")
         refuse(fsdp.optimizer_offload and not fsdp.param_offload, f"{key}.optimizer_offload", True,
                "FSDP2 offloads parameters, gradients and optimizer state together: set param_offload=true")
-    refuse(bool(set(c.trainer.logger) - set(LOGGERS)), "trainer.logger", c.trainer.logger,
-           f"supported loggers: {', '.join(LOGGERS)} (metrics.jsonl is always written)")
+    refuse(any(name not in LOGGERS for name in c.trainer.logger), "trainer.logger", c.trainer.logger,
+           f"registered loggers: {', '.join(LOGGERS.names())} (metrics.jsonl is always written)")
     for name in ("wandb", "mlflow"):  # optional extras: say so before any worker starts
         refuse(name in c.trainer.logger and importlib.util.find_spec(name) is None, "trainer.logger", name,
                f"the {name} package is not installed: pip install verl-agent[{name}]")

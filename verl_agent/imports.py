@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["import_object", "is_file_spec"]
+__all__ = ["import_module", "import_object", "is_file_spec"]
 
 
 def is_file_spec(path: str) -> bool:
@@ -44,6 +44,17 @@ def import_object(path: str, base_dir: Path | None = None) -> Any:
     if not hasattr(module, name):
         raise AttributeError(f"{where} has no attribute {name!r}")
     return getattr(module, name)
+
+
+def import_module(spec: str, base_dir: Path | None = None) -> ModuleType:
+    """The module `spec` names: "pkg.module" (importable) or "path/to/file.py" (relative to `base_dir`, default the
+    cwd). Raises ImportError as `import_object` does."""
+    if spec.endswith(".py"):
+        fpath = Path(spec)
+        return _load_file(base_dir / fpath if base_dir is not None and not fpath.is_absolute() else fpath)
+    if not spec or not all(part.isidentifier() for part in spec.split(".")):
+        raise ImportError(f"{spec!r} is not a dotted module path like 'package.module' or a 'path/file.py'")
+    return _import_module(spec)
 
 
 def _load_file(fpath: Path) -> ModuleType:

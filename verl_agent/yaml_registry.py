@@ -18,7 +18,7 @@ import yaml
 from verl_agent.imports import import_object
 from verl_agent.verl_compat import VerlNotSupported, resolve_verl_class
 
-__all__ = ["Entry", "YamlRegistry", "read_yaml_list"]
+__all__ = ["Entry", "YamlRegistry", "read_config_file", "read_yaml_list"]
 
 T = TypeVar("T")
 
@@ -112,14 +112,21 @@ class YamlRegistry(Generic[T]):
         return entry
 
 
+def read_config_file(path: Path, error: type[Exception], parse: Callable[[str], Any] = yaml.safe_load,
+                     fmt: str = "YAML", what: str = "") -> Any:  # fmt: skip
+    """`parse` of the file's text (YAML, or e.g. `json.loads`); a file that cannot be read or parsed raises `error`
+    naming it (``<what><path>: cannot read / invalid <fmt>: ...``)."""
+    try:
+        return parse(path.read_text())
+    except OSError as e:
+        raise error(f"{what}{path}: cannot read: {e}") from e
+    except (yaml.YAMLError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        raise error(f"{what}{path}: invalid {fmt}: {e}") from e
+
+
 def read_yaml_list(path: Path, key: str, error: type[Exception]) -> list[Any]:
     """The list under `key` of a verl-format YAML file (empty file or empty list: []); errors name the file."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise error(f"{path}: cannot read: {e}") from e
-    except yaml.YAMLError as e:
-        raise error(f"{path}: invalid YAML: {e}") from e
+    data = read_config_file(path, error)
     if data is None:
         return []
     if not isinstance(data, Mapping) or key not in data:

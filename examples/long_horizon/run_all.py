@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,68 +37,22 @@ def config_for(strategy: str, seed: int, model: Path, run_dir: Path, extra: list
         f"actor_rollout_ref.rollout.multi_turn.context.strategy={strategy}", *extra])
 
 
-def held_out_curve(run_dir: Path) -> list[tuple[int, float]]:
-    """(training step, held-out success) from a run's metrics.jsonl."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
-        if "val/success_rate" in m:
-            out[int(m["step"])] = float(m["val/success_rate"])
-    return sorted(out.items())
-
-
 def run_all(strategies: list[str], seeds: list[int], out: Path, runs: Path, extra: list[str]) -> dict:
     sys.path.insert(0, str(HERE))
     from warm_start import warm_start
 
-    from verl_agent.trainer.controller import init_ray
-    from verl_agent.trainer.loop import train
+    from verl_agent.trainer.sweep import run_sweep
 
     model = warm_start()
-    results = json.loads(out.read_text()) if out.exists() else {}
-    started = init_ray(None)
-    try:
-        for seed in seeds:
-            for strategy in strategies:
-                if str(seed) in results.get(strategy, {}):
-                    continue  # done in an earlier sweep (delete results.json to redo)
-                run_dir = runs / f"{strategy}_seed{seed}"
-                t0 = time.perf_counter()
-                train(config_for(strategy, seed, model, run_dir, extra))
-                results.setdefault(strategy, {})[str(seed)] = {
-                    "curve": held_out_curve(run_dir), "seconds": round(time.perf_counter() - t0, 1)}
-                out.write_text(json.dumps(results, indent=1))  # after every run: a stopped sweep keeps its runs
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
-    return results
+    return run_sweep(strategies, seeds, lambda name, seed, run_dir: config_for(name, seed, model, run_dir, extra),
+                     out, runs)
 
 
 def plot(results: dict, path: Path, title: str) -> None:
-    import matplotlib
+    from verl_agent.trainer.sweep import plot_seeds
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(5.6, 3.6))
-    for name, runs in results.items():
-        curves = [dict(map(tuple, r["curve"])) for r in runs.values()]
-        xs = sorted(set.intersection(*(set(c) for c in curves)))
-        ys = np.array([[c[x] for x in xs] for c in curves]) * 100
-        color = COLORS.get(name)
-        ax.plot(xs, ys.mean(0), marker="o", color=color, label=f"{name} (mean of {len(curves)} seeds)")
-        ax.fill_between(xs, ys.min(0), ys.max(0), color=color, alpha=0.2)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("held-out success (%)")
-    ax.set_ylim(-5, 105)
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    plot_seeds(results, path, title, xlabel="training step", ylabel="held-out success (%)", colors=COLORS,
+               ylim=(-5, 105), size=(5.6, 3.6), dpi=80, legend="center right", font=9, legend_font=8)
 
 
 def summary(results: dict) -> str:

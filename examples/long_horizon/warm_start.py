@@ -19,11 +19,11 @@ import json
 import logging
 import random
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,45 +58,33 @@ def corridor_chat(code: int, seed: int) -> list:
     return [*msgs, Message("user", EXIT), reply]
 
 
-def build(out: Path, base: str, w: WarmStart) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def encode(w: WarmStart) -> Callable[[Any, Any], list]:
+    """The SFT rows: one per reply, in the context config.yaml's strategy leaves before it."""
+    def rows(tok: Any, model: Any) -> list:
+        sys.path.insert(0, str(HERE))
+        from make_data import TRAIN_CODES
 
-    sys.path.insert(0, str(HERE))
-    from make_data import TRAIN_CODES
+        from verl_agent.chat import ChatEncoder
+        from verl_agent.models.sft_data import encode_conversation
+        from verl_agent.rollout.context import drop_observations
 
-    from verl_agent.chat import ChatEncoder
-    from verl_agent.models.sft_data import encode_conversation
-    from verl_agent.models.sft_train import group_by_prefix, train
-    from verl_agent.rollout.context import drop_observations
-
-    t0 = time.perf_counter()
-    torch.manual_seed(w.seed)
-    tok = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    rng, enc = random.Random(w.seed), ChatEncoder(tok)
-    data = []
-    for _ in range(w.n_corridors):
-        chat = corridor_chat(rng.choice(TRAIN_CODES), rng.randrange(1 << 20))
-        for end in range(1, len(chat), 2):  # each reply, in the context config.yaml's strategy leaves before it
-            data.append(encode_conversation(enc, [*drop_observations(chat[:end], 1, 0), chat[end]]))
-    losses = train(model, group_by_prefix(data, tok.convert_tokens_to_ids("<|im_end|>")), w, w.seed)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    info = {"settings": dataclasses.asdict(w), "base": base, "final_loss": round(sum(losses[-10:]) / 10, 4),
-            "seconds": round(time.perf_counter() - t0, 1)}
-    (out / "warm_start.json").write_text(json.dumps(info, indent=2))  # written last: marks the folder complete
-    log.info("long-horizon warm start built in %.0f s (final loss %.3f)", info["seconds"], info["final_loss"])
+        rng, enc, data = random.Random(w.seed), ChatEncoder(tok), []
+        for _ in range(w.n_corridors):
+            chat = corridor_chat(rng.choice(TRAIN_CODES), rng.randrange(1 << 20))
+            for end in range(1, len(chat), 2):
+                data.append(encode_conversation(enc, [*drop_observations(chat[:end], 1, 0), chat[end]]))
+        return data
+    return rows
 
 
 def warm_start(w: WarmStart | None = None, cache: Path | None = None) -> Path:
     """The warm-started model folder (built on first use; concurrent callers wait for one build)."""
-    from verl_agent.models.tiny import build_tiny, cache_root, cached_build
+    from verl_agent.models.tiny import build_tiny
+    from verl_agent.models.warm_start import warm_start as cached_sft
 
     w = w or WarmStart()
     base = str(build_tiny())
-    target = (cache or cache_root()) / f"long-horizon-{w.key(base)}"
-    return cached_build(target, "warm_start.json", lambda tmp: build(tmp, base, w))
+    return cached_sft("long-horizon", w, base, w.key(base), encode(w), last=10, cache=cache)
 
 
 if __name__ == "__main__":

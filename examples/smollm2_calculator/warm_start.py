@@ -24,12 +24,12 @@ import json
 import logging
 import random
 import runpy
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,54 +65,52 @@ def tool_schemas() -> list[dict]:
     return [t.get_openai_tool_schema().to_openai() for t in load_tools(REPO / path).values()]
 
 
-def build(out: Path, base: str, w: WarmStart) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def encode(w: WarmStart) -> Callable[[Any, Any], list]:
+    """The SFT rows: calculator problems solved with the tool or directly, the decision trained at the rates
+    that make the model call the tool about `tool_call_prior` of the time (`sft_data.decision_rates`)."""
+    def rows(tok: Any, model: Any) -> list:
+        from verl_agent.chat import ChatEncoder
+        from verl_agent.models.calculator_task import make_problems
+        from verl_agent.models.sft_data import conversation, decision_rates, encode_conversation
+        from verl_agent.protocol import Message
 
-    from verl_agent.chat import ChatEncoder
-    from verl_agent.models.calculator_task import make_problems
-    from verl_agent.models.evaluate import evaluate_rates
-    from verl_agent.models.sft_data import conversation, decision_rates, encode_conversation
-    from verl_agent.models.sft_train import group_by_prefix, train
-    from verl_agent.protocol import Message
+        system = Message("system", system_prompt())
+        rng, enc = random.Random(w.seed), ChatEncoder(tok, tools=tool_schemas())
+        p_tool, p_direct = decision_rates(w.tool_fraction, w.tool_call_prior)
+        data = []
+        for problem in make_problems(w.n_problems, seed=w.seed, split="train"):
+            use_tool = rng.random() < w.tool_fraction
+            chat = [m for m in conversation(problem, use_tool, rng) if m.role != "system"]
+            train_decision = rng.random() < (p_tool if use_tool else p_direct)
+            data.append(encode_conversation(enc, [system, *chat], train_decision))
+        return data
+    return rows
 
-    t0 = time.perf_counter()
-    torch.manual_seed(w.seed)
-    system = Message("system", system_prompt())
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tok = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
-    tools = tool_schemas()
-    rng, enc = random.Random(w.seed), ChatEncoder(tok, tools=tools)
-    p_tool, p_direct = decision_rates(w.tool_fraction, w.tool_call_prior)
-    data = []
-    for problem in make_problems(w.n_problems, seed=w.seed, split="train"):
-        use_tool = rng.random() < w.tool_fraction
-        chat = [m for m in conversation(problem, use_tool, rng) if m.role != "system"]
-        train_decision = rng.random() < (p_tool if use_tool else p_direct)
-        data.append(encode_conversation(enc, [system, *chat], train_decision))
-    losses = train(model, group_by_prefix(data, tok.convert_tokens_to_ids("<|im_end|>")), w, w.seed)
-    rates = evaluate_rates(model, tok, make_problems(w.n_eval, seed=w.seed + 1, split="test"),
-                           seed=w.seed, system_prompt=system.content, tools=tools)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    info = {"settings": dataclasses.asdict(w), "base": base, "device": device,
-            "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), "tool_call_rate": rates.tool_call_rate,
-            "success_rate": rates.success_rate, "n_eval": rates.n, "seconds": round(time.perf_counter() - t0, 1)}
-    (out / "warm_start.json").write_text(json.dumps(info, indent=2))  # written last: marks the folder complete
-    log.info("SmolLM2 warm start built in %.0f s: final loss %.3f, tool-call rate %.2f, success %.2f",
-             info["seconds"], info["final_loss"], rates.tool_call_rate, rates.success_rate)
+
+def evaluate(w: WarmStart) -> Callable[[Any, Any], dict[str, Any]]:
+    """The trained model's held-out tool-call and success rates."""
+    def figures(model: Any, tok: Any) -> dict[str, Any]:
+        from verl_agent.models.calculator_task import make_problems
+        from verl_agent.models.evaluate import evaluate_rates
+
+        rates = evaluate_rates(model, tok, make_problems(w.n_eval, seed=w.seed + 1, split="test"),
+                               seed=w.seed, system_prompt=system_prompt(), tools=tool_schemas())
+        return {"tool_call_rate": rates.tool_call_rate, "success_rate": rates.success_rate, "n_eval": rates.n}
+    return figures
 
 
 def warm_start(w: WarmStart | None = None, cache: Path | None = None) -> Path:
     """The warm-started model folder (built on first use; concurrent callers wait for one build)."""
+    import torch
+
     from verl_agent.models.smollm2 import build_smollm2
-    from verl_agent.models.tiny import cache_root, cached_build
+    from verl_agent.models.warm_start import warm_start as cached_sft
 
     w = w or WarmStart()
     base = str(build_smollm2())
-    target = (cache or cache_root()) / f"smollm2-tools-{w.key(base)}"
-    return cached_build(target, "warm_start.json", lambda tmp: build(tmp, base, w))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return cached_sft("smollm2-tools", w, base, w.key(base), encode(w), evaluate=evaluate(w), device=device,
+                      cache=cache)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SUITE = HERE / "tasks"
 CHATS = HERE / "data" / "warm_start.jsonl"
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,47 +150,35 @@ def first_turn_call_rate(model: Any, tok: Any, tools: list[dict], instructions: 
     return good / max(1, len(instructions))
 
 
-def build(out: Path, base: str, w: WarmStart) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from verl_agent.chat import ChatEncoder
-    from verl_agent.models.sft_data import encode_conversation
-    from verl_agent.models.sft_train import group_by_prefix, train
-    from verl_agent.protocol import Message
-
-    t0 = time.perf_counter()
-    torch.manual_seed(w.seed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tok = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
-    tools = tool_schemas()
-    enc = ChatEncoder(tok, tools=tools)
-    chats = chosen_chats(w)
-    data = [encode_conversation(enc, [Message.from_chat(m) for m in c["messages"]]) for c in chats]
-    heldout = [e["instruction"] for e in manifest()["tasks"] if e["split"] == "heldout"][: w.n_eval]
-    before = first_turn_call_rate(model, tok, tools, heldout, w.seed)
-    losses = train(model, group_by_prefix(data, tok.convert_tokens_to_ids("<|im_end|>")), w, w.seed)
-    after = first_turn_call_rate(model, tok, tools, heldout, w.seed)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    info = {"settings": dataclasses.asdict(w), "base": base, "device": device, "n_chats": len(chats),
-            "final_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4), "heldout_first_turn_call_rate":
-            {"before": before, "after": after}, "n_eval": len(heldout), "seconds": round(time.perf_counter() - t0, 1)}
-    (out / "warm_start.json").write_text(json.dumps(info, indent=2))  # written last: marks the folder complete
-    log.info("terminal-task warm start built in %.0f s on %d chats: final loss %.3f, held-out first-turn call "
-             "rate %.2f -> %.2f", info["seconds"], len(chats), info["final_loss"], before, after)
-
-
 def warm_start(w: WarmStart | None = None, cache: Path | None = None) -> Path:
     """The warm-started model folder (built on first use; concurrent callers wait for one build)."""
+    import torch
+
     from verl_agent.models.smollm2 import build_smollm2
-    from verl_agent.models.tiny import cache_root, cached_build
+    from verl_agent.models.warm_start import warm_start as cached_sft
+    from verl_agent.protocol import Message
 
     w = w or WarmStart()
     base = str(build_smollm2())
-    target = (cache or cache_root()) / f"smollm2-terminal-{w.key(base)}"
-    return cached_build(target, "warm_start.json", lambda tmp: build(tmp, base, w))
+    heldout = [e["instruction"] for e in manifest()["tasks"] if e["split"] == "heldout"][: w.n_eval]
+    before: list[float] = []
+
+    def rows(tok: Any, model: Any) -> list:  # the held-out call rate of the base model is measured here, first
+        from verl_agent.chat import ChatEncoder
+        from verl_agent.models.sft_data import encode_conversation
+
+        before.append(first_turn_call_rate(model, tok, tool_schemas(), heldout, w.seed))
+        enc = ChatEncoder(tok, tools=tool_schemas())
+        return [encode_conversation(enc, [Message.from_chat(m) for m in c["messages"]]) for c in chosen_chats(w)]
+
+    def figures(model: Any, tok: Any) -> dict[str, Any]:
+        after = first_turn_call_rate(model, tok, tool_schemas(), heldout, w.seed)
+        return {"n_chats": len(chosen_chats(w)), "n_eval": len(heldout),
+                "heldout_first_turn_call_rate": {"before": before[0], "after": after}}
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return cached_sft("smollm2-terminal", w, base, w.key(base), rows, evaluate=figures, device=device, last=10,
+                      cache=cache)
 
 
 if __name__ == "__main__":

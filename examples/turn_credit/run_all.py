@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -44,71 +42,22 @@ def config_for(name: str, seed: int, model: Path, run_dir: Path, extra: list[str
         *VARIANTS[name], *extra])
 
 
-def held_out_curve(run_dir: Path, samples_per_step: int) -> list[tuple[int, float]]:
-    """(training trajectories seen, evaluation success) from a run's metrics.jsonl."""
-    out = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
-        if "val/success_rate" in m:
-            out.append((int(m["step"]) * samples_per_step, float(m["val/success_rate"])))
-    return sorted(dict(out).items())
-
-
 def run_all(names: list[str], seeds: list[int], out: Path, runs: Path, extra: list[str]) -> dict:
     sys.path.insert(0, str(HERE))
     from warm_start import warm_start
 
-    from verl_agent.trainer.controller import init_ray
-    from verl_agent.trainer.loop import train
+    from verl_agent.trainer.sweep import run_sweep
 
     model = warm_start()
-    results = json.loads(out.read_text()) if out.exists() else {}
-    started = init_ray(None)
-    try:
-        for seed in seeds:  # seed by seed: a stopped sweep still has every estimator's first seeds
-            for name in names:
-                if str(seed) in results.get(name, {}):
-                    continue  # done in an earlier sweep (delete results.json to redo)
-                run_dir = runs / f"{name}_seed{seed}"
-                cfg = config_for(name, seed, model, run_dir, extra)
-                t0 = time.perf_counter()
-                train(cfg)
-                per_step = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
-                results.setdefault(name, {})[str(seed)] = {
-                    "curve": held_out_curve(run_dir, per_step), "seconds": round(time.perf_counter() - t0, 1)}
-                out.write_text(json.dumps(results, indent=1))  # after every run: a stopped sweep keeps its runs
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
-    return results
+    return run_sweep(names, seeds, lambda name, seed, run_dir: config_for(name, seed, model, run_dir, extra), out, runs,
+                     per_sample=True)
 
 
 def plot(results: dict, path: Path, title: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("the plot needs matplotlib: pip install -e '.[plots]' (results.json is written)") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    from verl_agent.trainer.sweep import plot_seeds
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name, runs in results.items():
-        curves = [dict(map(tuple, r["curve"])) for r in runs.values()]
-        xs = sorted(set.intersection(*(set(c) for c in curves)))
-        ys = np.array([[c[x] for x in xs] for c in curves]) * 100
-        color = COLORS.get(name)
-        ax.plot(xs, ys.mean(0), marker="o", color=color, label=f"{name} (mean of {len(curves)} seeds)")
-        ax.fill_between(xs, ys.min(0), ys.max(0), color=color, alpha=0.2)
-    ax.set_xlabel("training trajectories (samples)")
-    ax.set_ylabel("evaluation success (%)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    plot_seeds(results, path, title, xlabel="training trajectories (samples)", ylabel="evaluation success (%)",
+               colors=COLORS)
 
 
 def summary(results: dict) -> str:

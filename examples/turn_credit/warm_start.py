@@ -19,11 +19,11 @@ import json
 import logging
 import random
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,42 +60,30 @@ def random_player_game(env, rng: random.Random, prompt: str) -> list:
         msgs.append(Message("user", obs))
 
 
-def build(out: Path, base: str, w: WarmStart) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def encode(w: WarmStart) -> Callable[[Any, Any], list]:
+    """The SFT rows: games of a random player (`random_player_game`)."""
+    def rows(tok: Any, model: Any) -> list:
+        sys.path.insert(0, str(HERE))
+        from guess_env import HiLoGame
+        from make_data import GUESSES, HIGH, LOW, PROMPT, ROUNDS
 
-    sys.path.insert(0, str(HERE))
-    from guess_env import HiLoGame
-    from make_data import GUESSES, HIGH, LOW, PROMPT, ROUNDS
+        from verl_agent.chat import ChatEncoder
+        from verl_agent.models.sft_data import encode_conversation
 
-    from verl_agent.chat import ChatEncoder
-    from verl_agent.models.sft_data import encode_conversation
-    from verl_agent.models.sft_train import group_by_prefix, train
-
-    t0 = time.perf_counter()
-    torch.manual_seed(w.seed)
-    tok = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    rng, enc = random.Random(w.seed), ChatEncoder(tok)
-    env = HiLoGame(low=LOW, high=HIGH, max_guesses=GUESSES, rounds=ROUNDS, shaping=0.0)
-    data = [encode_conversation(enc, random_player_game(env, rng, PROMPT)) for _ in range(w.n_games)]
-    losses = train(model, group_by_prefix(data, tok.convert_tokens_to_ids("<|im_end|>")), w, w.seed)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    info = {"settings": dataclasses.asdict(w), "base": base, "final_loss": round(sum(losses[-20:]) / 20, 4),
-            "seconds": round(time.perf_counter() - t0, 1)}
-    (out / "warm_start.json").write_text(json.dumps(info, indent=2))  # written last: marks the folder complete
-    log.info("turn-credit warm start built in %.0f s (final loss %.3f)", info["seconds"], info["final_loss"])
+        rng, enc = random.Random(w.seed), ChatEncoder(tok)
+        env = HiLoGame(low=LOW, high=HIGH, max_guesses=GUESSES, rounds=ROUNDS, shaping=0.0)
+        return [encode_conversation(enc, random_player_game(env, rng, PROMPT)) for _ in range(w.n_games)]
+    return rows
 
 
 def warm_start(w: WarmStart | None = None, cache: Path | None = None) -> Path:
     """The warm-started model folder (built on first use; concurrent callers wait for one build)."""
-    from verl_agent.models.tiny import build_tiny, cache_root, cached_build
+    from verl_agent.models.tiny import build_tiny
+    from verl_agent.models.warm_start import warm_start as cached_sft
 
     w = w or WarmStart()
     base = str(build_tiny())
-    target = (cache or cache_root()) / f"turn-credit-{w.key(base)}"
-    return cached_build(target, "warm_start.json", lambda tmp: build(tmp, base, w))
+    return cached_sft("turn-credit", w, base, w.key(base), encode(w), cache=cache)
 
 
 if __name__ == "__main__":

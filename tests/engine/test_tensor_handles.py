@@ -9,7 +9,7 @@ import multiprocessing as mp
 import torch
 
 from verl_agent.engine.tensor_handles import HandleStaging, dumps_by_handle, memory_key
-from verl_agent.trainer.controller import weight_routes
+from verl_agent.trainer.workers.controller import weight_routes
 
 
 def _read_in_child(blob: bytes, out) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from verl_agent.trainer import checkpoint as ckpt
+from verl_agent.trainer.persistence import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[2]
 

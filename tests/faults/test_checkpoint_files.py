@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from verl_agent.trainer import checkpoint as ckpt
+from verl_agent.trainer.persistence import checkpoint as ckpt
 from verl_agent.trainer.loop import _restore_metrics_line
-from verl_agent.trainer.tracking import Tracker
+from verl_agent.trainer.tracking.tracker import Tracker
 
 
 def _save(run: Path, step: int, payload: bytes = b"x" * 1000) -> Path:

@@ -60,7 +60,7 @@ from fault_helpers import (
 )
 
 from verl_agent.config import load_config, save_config
-from verl_agent.trainer import checkpoint as ckpt
+from verl_agent.trainer.persistence import checkpoint as ckpt
 from verl_agent.trainer.loop import TrainingError, train
 
 pytestmark = pytest.mark.slow

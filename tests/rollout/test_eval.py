@@ -117,7 +117,7 @@ def _checkpoint(tiny_model_path, run_dir):
     from transformers import AutoModelForCausalLM
 
     from verl_agent.config import load_config, save_config
-    from verl_agent.trainer import checkpoint as ckpt
+    from verl_agent.trainer.persistence import checkpoint as ckpt
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path))
     with torch.no_grad():
@@ -143,7 +143,7 @@ def _no_ids(messages: list[dict]) -> list[dict]:
 def test_eval_command_puts_config_model_checkpoint_and_endpoint_in_one_table(endpoint, tiny_model_path, tmp_path,
                                                                              capsys):  # fmt: skip
     from verl_agent.cli import main
-    from verl_agent.trainer.checkpoint import load_checkpoint_model
+    from verl_agent.trainer.persistence.checkpoint import load_checkpoint_model
 
     trained = _checkpoint(tiny_model_path, tmp_path / "run")
     loaded, tokenizer = load_checkpoint_model(tmp_path / "run")  # a run dir: its newest checkpoint

@@ -18,8 +18,8 @@ from verl_agent.reward import load_reward_fn
 from verl_agent.rollout.agent_loop import AgentLoop
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.rollout.records import trajectory_record, write_records
-from verl_agent.trainer.batch import from_trajectory, pad_field
-from verl_agent.trainer.prepare import turn_token_rewards
+from verl_agent.trainer.policy.batch import from_trajectory, pad_field
+from verl_agent.trainer.policy.prepare import turn_token_rewards
 
 SP = SamplingParams(max_new_tokens=50)
 

@@ -27,7 +27,7 @@ from verl_agent.containers import LABEL, OWNER_LABEL, RUN_LABEL, Container, Cont
 from verl_agent.containers.docker import container_kwargs
 from verl_agent.tasks.pool import ContainerPool
 from verl_agent.tasks.shell import Shell
-from verl_agent.tasks.task import load_task
+from verl_agent.data.harbor import load_task
 
 pytestmark = [needs_docker, pytest.mark.docker]
 

@@ -6,7 +6,7 @@ import pytest
 from task_helpers import needs_docker
 
 from verl_agent.tasks.editor import Editor
-from verl_agent.tasks.task import load_task
+from verl_agent.data.harbor import load_task
 
 pytestmark = [needs_docker, pytest.mark.docker]
 

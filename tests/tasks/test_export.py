@@ -12,7 +12,7 @@ from task_helpers import make_task, needs_docker
 
 from verl_agent.containers.images import ImageStore
 from verl_agent.tasks.image import ImageError, environment_hash
-from verl_agent.tasks.task import TaskError, load_task
+from verl_agent.data.harbor import TaskError, load_task
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "terminal_tasks" / "tasks" / "train" / "count-00"
 

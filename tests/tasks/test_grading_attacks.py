@@ -21,7 +21,7 @@ from verl_agent.tasks import grading
 from verl_agent.tasks.grading import DISK, TAMPERED, grade, read_reward
 from verl_agent.tasks.pool import ContainerPool
 from verl_agent.tasks.shell import ShellError
-from verl_agent.tasks.task import load_task
+from verl_agent.data.harbor import load_task
 
 pytestmark = [needs_docker, pytest.mark.docker]
 

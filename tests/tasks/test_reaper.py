@@ -15,14 +15,14 @@ from task_helpers import SLIM_DOCKERFILE, make_task, needs_docker
 
 from verl_agent.containers import LABEL, OWNER_LABEL
 from verl_agent.tasks.pool import ContainerPool
-from verl_agent.tasks.task import load_task
+from verl_agent.data.harbor import load_task
 
 pytestmark = [needs_docker, pytest.mark.docker]
 
 CHILD = """
 import asyncio, sys
 from verl_agent.tasks.pool import ContainerPool
-from verl_agent.tasks.task import load_task
+from verl_agent.data.harbor import load_task
 
 async def main():
     pool = ContainerPool(sys.argv[2], warm=1)

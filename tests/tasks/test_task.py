@@ -6,7 +6,7 @@ import pytest
 from task_helpers import make_task
 
 from verl_agent.tasks.image import _from_images, environment_hash, image_tag
-from verl_agent.tasks.task import TaskError, find_tasks, load_task
+from verl_agent.data.harbor import TaskError, find_tasks, load_task
 
 
 def test_task_toml_fields(tmp_path):

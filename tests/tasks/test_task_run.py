@@ -11,7 +11,7 @@ from task_helpers import make_task, needs_docker
 from verl_agent.cli import main
 from verl_agent.tasks.grading import GradingError, grade
 from verl_agent.tasks.runner import run_task
-from verl_agent.tasks.task import load_task
+from verl_agent.data.harbor import load_task
 
 pytestmark = [needs_docker, pytest.mark.docker]
 

@@ -84,7 +84,7 @@ def random_seqs():
     """Factory of TrainSeqs with random tokens, a masked tool-response hole, and GRPO pairs (uid, score 0/1)."""
     import torch
 
-    from verl_agent.trainer.batch import TrainSeq
+    from verl_agent.trainer.policy.batch import TrainSeq
 
     def make(n: int, vocab: int, seed: int = 0) -> list:
         g = torch.Generator().manual_seed(seed)

@@ -47,7 +47,7 @@ def test_one_step_off_is_one_version_behind_and_corrected(ray_cluster, make_cfg,
 
 
 def test_engine_slots_cover_the_batches_in_flight(make_cfg):
-    from verl_agent.trainer.rollout_worker import engine_slots
+    from verl_agent.trainer.workers.rollout_worker import engine_slots
 
     # 4 prompts x n=4 a batch over 2 replicas; max_batch_size (64 by default) is the floor
     assert engine_slots(make_cfg("actor_rollout_ref.rollout.max_batch_size=1"), shards=2) == 8

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from verl_agent.trainer.actor import forward_log_probs, split_padded
-from verl_agent.trainer.batch import TrainSeq
+from verl_agent.trainer.policy.actor import forward_log_probs, split_padded
+from verl_agent.trainer.policy.batch import TrainSeq
 
 
 def _padded_log_probs(model, seqs):

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from verl_agent.trainer import checkpoint as ckpt
+from verl_agent.trainer.persistence import checkpoint as ckpt
 from verl_agent.trainer.loop import train
 
 pytestmark = pytest.mark.slow

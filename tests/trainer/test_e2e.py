@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from verl_agent.trainer import checkpoint as ckpt
+from verl_agent.trainer.persistence import checkpoint as ckpt
 from verl_agent.trainer.loop import TrainingError, train
 
 pytestmark = pytest.mark.slow

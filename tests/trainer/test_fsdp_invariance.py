@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_agent.trainer.controller import WorkerGroup
-from verl_agent.trainer.sharding import shard_list
+from verl_agent.trainer.workers.controller import WorkerGroup
+from verl_agent.trainer.workers.sharding import shard_list
 from worker_probes import set_sequences
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from verl_agent.trainer.actor import LogProbHead, MicroBatching, forward_log_probs, update_actor
+from verl_agent.trainer.policy.actor import LogProbHead, MicroBatching, forward_log_probs, update_actor
 from verl_agent.trainer.algorithms import entropy_from_logits
-from verl_agent.trainer.losses import chunked_log_probs
+from verl_agent.trainer.algorithms.losses import chunked_log_probs
 
 
 def _plain(h, w, t, temp):
@@ -121,7 +121,7 @@ def test_rollout_correction_inside_the_update_equals_a_log_prob_pass(dev_model_p
     from transformers import AutoModelForCausalLM
 
     from verl_agent.config import ActorConfig
-    from verl_agent.trainer.prepare import apply_rollout_correction
+    from verl_agent.trainer.policy.prepare import apply_rollout_correction
 
     cfg = ActorConfig(grad_clip=100.0)
     a = AutoModelForCausalLM.from_pretrained(dev_model_path, dtype=torch.float32)

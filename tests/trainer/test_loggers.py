@@ -17,8 +17,8 @@ import pytest
 
 from verl_agent.protocol import Message, RolloutBatch, Trajectory
 from verl_agent.rollout.records import write_records
-from verl_agent.trainer.loggers import TABLE_ROWS, flatten_params
-from verl_agent.trainer.tracking import Tracker
+from verl_agent.trainer.tracking.loggers import TABLE_ROWS, flatten_params
+from verl_agent.trainer.tracking.tracker import Tracker
 
 STEP_METRICS = {1: {"rollout/reward/mean": 0.25, "actor/kl": 0.01, "rollout/infra_failed/tool_timeout": 2.0},
                 2: {"rollout/reward/mean": 0.5, "actor/kl": 0.02, "rollout/infra_failed/tool_timeout": 0.0}}
@@ -128,7 +128,7 @@ def test_missing_extra_is_named_with_its_pip_install(monkeypatch, tmp_path):
         load_config(None, ["trainer.logger=[console,wandb]"])
     with pytest.raises(ImportError, match=r"pip install verl-agent\[wandb\]"):
         Tracker(tmp_path, ["wandb"])
-    with pytest.raises(ConfigError, match="supported loggers: console, tensorboard, wandb, mlflow"):
+    with pytest.raises(ConfigError, match="registered loggers: console, mlflow, tensorboard, wandb"):
         load_config(None, ["trainer.logger=[console,neptune]"])
 
 
@@ -153,7 +153,7 @@ def test_a_failing_tracker_costs_a_warning_not_the_run(offline_env, caplog, monk
         tracker.log(2, STEP_METRICS[2], write=lambda line: None)
         tracker.log_trajectories(2, [_write_step(run_dir, 2, n=3)])
         tracker.close()
-    warned = [r.getMessage() for r in caplog.records if r.name == "verl_agent.trainer.tracking"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "verl_agent.trainer.tracking.tracker"]
     assert len(warned) == 3 and "mlflow could not log metrics of step 2" in warned[0]
     assert [json.loads(line)["step"] for line in tracker.path.read_text().splitlines()] == [1, 2]
     old_id = json.loads((run_dir / "loggers.json").read_text())["mlflow"]
@@ -168,7 +168,7 @@ def test_a_failing_tracker_costs_a_warning_not_the_run(offline_env, caplog, monk
 def test_a_tracker_that_cannot_open_its_run_fails_before_ray_with_the_fix(offline_env, monkeypatch):
     from verl_agent.config import load_config
     from verl_agent.trainer import loop
-    from verl_agent.trainer.loggers import LoggerConfigError, check_loggers
+    from verl_agent.trainer.tracking.loggers import LoggerConfigError, check_loggers
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray started before the loggers were checked")

@@ -40,10 +40,10 @@ def _state(policy) -> dict[str, torch.Tensor]:
 def test_lora_policy(make_cfg, tiny_model_path, one_rank, random_seqs, tmp_path):
     from peft import PeftModel
 
-    from verl_agent.trainer import checkpoint as ckpt
-    from verl_agent.trainer.actor import forward_log_probs
-    from verl_agent.trainer.fsdp import load_causal_lm
-    from verl_agent.trainer.policy import Policy
+    from verl_agent.trainer.persistence import checkpoint as ckpt
+    from verl_agent.trainer.policy.actor import forward_log_probs
+    from verl_agent.trainer.policy.fsdp import load_causal_lm
+    from verl_agent.trainer.policy.policy import Policy
 
     cfg = make_cfg(*LORA, "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
                    "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.num_cpu_workers=1")
@@ -103,8 +103,8 @@ def test_lora_policy(make_cfg, tiny_model_path, one_rank, random_seqs, tmp_path)
 def test_lora_config_errors(make_cfg, tiny_model_path, one_rank, tmp_path):
     from peft import LoraConfig, get_peft_model
 
-    from verl_agent.trainer.fsdp import load_causal_lm
-    from verl_agent.trainer.policy import Policy
+    from verl_agent.trainer.policy.fsdp import load_causal_lm
+    from verl_agent.trainer.policy.policy import Policy
 
     with pytest.raises(ConfigError, match="lora_rank.*greater than or equal to 0"):
         make_cfg("actor_rollout_ref.model.lora_rank=-1")
@@ -140,9 +140,9 @@ def test_lora_yaml_on_two_ranks_syncs_adapters_only(ray_cluster, make_cfg, rando
     log-probs."""
     from peft import LoraConfig, get_peft_model
 
-    from verl_agent.trainer.fsdp import load_causal_lm
-    from verl_agent.trainer.controller import WorkerGroup
-    from verl_agent.trainer.sharding import shard_list
+    from verl_agent.trainer.policy.fsdp import load_causal_lm
+    from verl_agent.trainer.workers.controller import WorkerGroup
+    from verl_agent.trainer.workers.sharding import shard_list
     from worker_probes import check_sync, set_sequences
 
     tree = make_cfg().model_dump(mode="json")
@@ -185,7 +185,7 @@ def test_fresh_adapters_reach_the_engine_before_the_first_rollout(ray_cluster, m
     """Unmerged adapters are installed at start-up, not at the first sync after step 1: the first decode
     graphs then hold their matmuls, and the second step records none again."""
     from verl_agent.engine.lora import LoRALinear
-    from verl_agent.trainer.controller import WorkerGroup
+    from verl_agent.trainer.workers.controller import WorkerGroup
 
     group = WorkerGroup.create(make_cfg(*LORA, "trainer.num_cpu_workers=1",
                                         "actor_rollout_ref.rollout.lora_mode=unmerged"))
@@ -201,8 +201,8 @@ def test_reference_pass_then_update_under_gpu_mixed_precision(tiny_model_path, o
     """The GPU layout (bf16 base, fp32 adapters, FSDP2 bf16 compute with fp32 gradient reduction) on CPU:
     `shard(..., "cuda")` picks that mixed-precision policy (no GPU here). A reference pass, then a backward,
     must give the adapters fp32 gradients, and the reference equals the base with the adapters at zero."""
-    from verl_agent.trainer.fsdp import load_causal_lm, shard
-    from verl_agent.trainer.lora import reference_of, wrap_lora
+    from verl_agent.trainer.policy.fsdp import load_causal_lm, shard
+    from verl_agent.trainer.weights.lora import reference_of, wrap_lora
 
     model_cfg = load_config(None, LORA).actor_rollout_ref.model
     model = shard(wrap_lora(load_causal_lm(str(tiny_model_path), "bfloat16"), model_cfg), one_rank, "cuda")
@@ -227,10 +227,11 @@ def test_engine_reads_the_trainers_base_on_one_rank(make_cfg, tiny_model_path, o
     the actor's frozen base tensors (no copy), through updates and syncs, and it samples the actor's policy."""
     from types import SimpleNamespace
 
-    from verl_agent.trainer.policy import Policy
-    from verl_agent.trainer.rollout_worker import RolloutHost
-    from verl_agent.trainer.weight_transport import WeightSender
-    from verl_agent.trainer import lora, memory
+    from verl_agent.trainer.policy.policy import Policy
+    from verl_agent.trainer.workers.rollout_worker import RolloutHost
+    from verl_agent.trainer.weights.weight_transport import WeightSender
+    from verl_agent.trainer.weights import lora
+    from verl_agent.trainer.policy import memory
     from worker_probes import _max_log_prob_gap
 
     cfg = make_cfg(*LORA, "trainer.num_cpu_workers=1", "actor_rollout_ref.rollout.lora_mode=unmerged",

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from verl_agent.config import OptimConfig
-from verl_agent.trainer.fsdp import make_scheduler
+from verl_agent.trainer.policy.fsdp import make_scheduler
 
 
 @pytest.mark.parametrize("steps, ratio, ramp", [(4, 0.0, 4), (0, 0.1, 10), (-1, 0.1, 10), (4, 0.5, 4)])

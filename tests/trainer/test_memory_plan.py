@@ -1,4 +1,4 @@
-"""The memory planner (verl_agent/trainer/memory.py): its estimate by term, its choice of micro-batch and KV
+"""The memory planner (verl_agent/trainer/policy/memory.py): its estimate by term, its choice of micro-batch and KV
 budgets on this machine for the calculator and SmolLM2 examples, its refusal of what cannot fit, and a short
 real run of the calculator example whose train ranks' measured peak RSS is set against their estimates.
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from verl_agent.config import load_config
-from verl_agent.trainer import memory
-from verl_agent.trainer.memory import MemoryPlanError, ModelShape, estimate, plan_memory
+from verl_agent.trainer.policy import memory
+from verl_agent.trainer.policy.memory import MemoryPlanError, ModelShape, estimate, plan_memory
 
 REPO = Path(__file__).resolve().parents[2]
 # SmolLM2-135M-Instruct's shape (what `verl-agent model build-smollm2` converts); the planner reads only shapes,
@@ -116,7 +116,7 @@ def test_planner_fits_smollm2_cpu_command_on_this_machine():
 
 
 def test_planner_fits_calculator_example_and_refuses_what_cannot_fit(tiny_model_path, monkeypatch):
-    from verl_agent.trainer.fsdp import load_causal_lm
+    from verl_agent.trainer.policy.fsdp import load_causal_lm
 
     cfg = load_config(REPO / "examples/calculator/config.yaml", [f"actor_rollout_ref.model.path={tiny_model_path}"])
     model = load_causal_lm(str(tiny_model_path))

@@ -18,8 +18,8 @@ from torch.testing import assert_close
 from verl_agent.config import AlgorithmConfig
 from verl_agent.protocol import Trajectory
 from verl_agent.trainer.algorithms import ADV_ESTIMATORS, KLController, compute_advantages
-from verl_agent.trainer.batch import TrainSeq, pad_field
-from verl_agent.trainer.prepare import apply_rollout_correction, assign_advantages, filter_groups, train_seqs
+from verl_agent.trainer.policy.batch import TrainSeq, pad_field
+from verl_agent.trainer.policy.prepare import apply_rollout_correction, assign_advantages, filter_groups, train_seqs
 
 
 def traj(uid: str, reward: float, outcome: str = "policy_failure", n_tokens: int = 3) -> Trajectory:
@@ -165,7 +165,7 @@ def test_an_empty_rank_runs_the_same_collectives_as_a_full_one(estimator, unit):
 def _gloo_worker(rank: int, world: int, port: int, out) -> None:
     import torch.distributed as dist
 
-    from verl_agent.trainer.actor import reduce_op as _reduce
+    from verl_agent.trainer.policy.actor import reduce_op as _reduce
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))

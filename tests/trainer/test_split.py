@@ -15,8 +15,8 @@ import pytest
 import ray
 import torch
 
-from verl_agent.trainer.controller import WorkerGroup
-from verl_agent.trainer.sharding import shard_list
+from verl_agent.trainer.workers.controller import WorkerGroup
+from verl_agent.trainer.workers.sharding import shard_list
 from worker_probes import set_sequences, weights_digests
 from verl_agent.trainer.loop import train
 

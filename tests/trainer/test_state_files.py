@@ -1,4 +1,4 @@
-"""Checkpoint shards (verl_agent/trainer/state_files.py) with real torch.distributed (gloo) and FSDP2: a state
+"""Checkpoint shards (verl_agent/trainer/persistence/state_files.py) with real torch.distributed (gloo) and FSDP2: a state
 written by 2 ranks loads bit for bit on 2, on 1 and on 3 ranks (rows come from whichever saved rank holds
 them), optimizer moments and param groups included; a flipped byte or a truncated file is refused by name.
 Each with and without zstd byte-plane compression."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from verl_agent.trainer.state_files import load_state, save_state
+from verl_agent.trainer.persistence.state_files import load_state, save_state
 
 
 def _port() -> int:
@@ -40,7 +40,7 @@ def _model_and_optimizer(world: int):
 
 def _full(state: dict) -> dict[str, torch.Tensor]:
     """Every tensor of a state as a full plain tensor (gathers DTensors), by flattened path."""
-    from verl_agent.trainer.state_files import _flatten
+    from verl_agent.trainer.persistence.state_files import _flatten
 
     return {p: (t.full_tensor() if hasattr(t, "full_tensor") else t).clone()
             for p, t in _flatten(state) if torch.is_tensor(t)}  # fmt: skip
@@ -59,7 +59,7 @@ def _worker(rank: int, world: int, port: int, directory: str, mode: str, codec: 
             save_state(Path(directory), {"model": msd, "optim": osd}, rank, world, threads=3, codec=codec)
             full = _full({"model": msd, "optim": osd})
         else:
-            from verl_agent.trainer.state_files import _flatten
+            from verl_agent.trainer.persistence.state_files import _flatten
 
             for _, t in _flatten({"model": msd, "optim": osd}):
                 if torch.is_tensor(t):  # nothing of the freshly built state (same seed) may survive the load
@@ -148,7 +148,7 @@ def test_a_flipped_byte_or_a_truncated_file_is_refused_naming_the_tensor(saved, 
 def test_zstd_planes_round_trip_every_dtype_across_chunks_and_shrink_floats(tmp_path, monkeypatch):
     """Byte planes are cut per staging chunk: a small chunk size puts several chunks (the last one short) in
     one tensor; bf16 normal values (a few exponents) must shrink, integers and bytes come back as they were."""
-    import verl_agent.trainer.state_files as sf
+    import verl_agent.trainer.persistence.state_files as sf
 
     monkeypatch.setattr(sf, "STAGING_BYTES", 4096)
     torch.manual_seed(0)
@@ -165,7 +165,7 @@ def test_zstd_planes_round_trip_every_dtype_across_chunks_and_shrink_floats(tmp_
 
 
 def test_auto_codec_follows_the_cores_and_the_package_and_an_unknown_one_is_refused(monkeypatch):
-    from verl_agent.trainer.state_files import resolve_codec
+    from verl_agent.trainer.persistence.state_files import resolve_codec
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert resolve_codec("auto") == "zstd"

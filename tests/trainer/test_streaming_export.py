@@ -23,8 +23,8 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, out_dir: str) 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from verl_agent.trainer.checkpoint import export_hf
-    from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, shard
+    from verl_agent.trainer.persistence.checkpoint import export_hf
+    from verl_agent.trainer.policy.fsdp import iter_full_param_buckets, load_causal_lm, shard
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:

@@ -15,8 +15,8 @@ import pytest
 import torch
 from sglang_cpu import CPU_ARGS, CPU_ENV, sglang_python
 
-from verl_agent.trainer.controller import WorkerGroup
-from verl_agent.trainer.sharding import shard_list
+from verl_agent.trainer.workers.controller import WorkerGroup
+from verl_agent.trainer.workers.sharding import shard_list
 from worker_probes import check_sync, set_sequences
 from verl_agent.trainer.loop import train
 

@@ -16,10 +16,10 @@ from torch.testing import assert_close
 
 from verl_agent.config import AlgorithmConfig, ConfigError, load_config
 from verl_agent.protocol import Trajectory, Turn
-from verl_agent.trainer.advantages import masked_whiten
+from verl_agent.trainer.algorithms.advantages import masked_whiten
 from verl_agent.trainer.algorithms import compute_advantages
-from verl_agent.trainer.batch import from_trajectory, pad_field
-from verl_agent.trainer.prepare import assign_advantages, turn_index, turn_token_rewards
+from verl_agent.trainer.policy.batch import from_trajectory, pad_field
+from verl_agent.trainer.policy.prepare import assign_advantages, turn_index, turn_token_rewards
 
 # Three trajectories of one prompt; positions: 2 model tokens, 1 observation token, then the next turn.
 #   A: turn 0 at 0-1 (reward 0.5), observation at 2, turn 1 at 3-4 (reward 1.0)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_agent.trainer.controller import WorkerFailure, WorkerGroup
-from verl_agent.trainer.sharding import shard_list
+from verl_agent.trainer.workers.controller import WorkerFailure, WorkerGroup
+from verl_agent.trainer.workers.sharding import shard_list
 from worker_probes import check_sync, set_sequences, weights_digests
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ import ray.cloudpickle
 import torch
 
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.trainer.actor import forward_log_probs
-from verl_agent.trainer.batch import TrainSeq
+from verl_agent.trainer.policy.actor import forward_log_probs
+from verl_agent.trainer.policy.batch import TrainSeq
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

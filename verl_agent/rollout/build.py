@@ -16,7 +16,7 @@ import importlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from verl_agent.config import (
     CustomRewardFunctionConfig, DataConfig, ModelConfig, RewardModelConfig, RolloutConfig, RunConfig, TrainerConfig,
@@ -24,6 +24,7 @@ from verl_agent.config import (
 from verl_agent.engine.contract import Engine, SamplingParams
 from verl_agent.engine.settings import HFEngineSettings
 from verl_agent.protocol import Sample, Trajectory
+from verl_agent.registry import ENGINES, REWARD_MANAGERS
 from verl_agent.rollout.agent_loop import AgentLoop
 from verl_agent.rollout.stream import PausableEngine
 
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "RolloutParts", "build_agent_loop", "build_engine", "build_reward", "build_rollout", "load_split",
+    "EngineFactory", "RewardManager", "RolloutParts", "build_agent_loop", "build_engine", "build_reward",
+    "build_rollout", "load_split",
     "load_tokenizer", "pick_device", "resolve_model_path", "rollout_in_chunks", "sampling_params", "train_dataset",
 ]  # fmt: skip
 
@@ -93,19 +95,40 @@ def sampling_params(rollout: RolloutConfig, data: DataConfig, seed: int | None, 
     )  # fmt: skip
 
 
+class EngineFactory(Protocol):
+    """What `ENGINES` holds: builds the engine `rollout.name` names (the parameters as in `build_engine`)."""
+
+    def __call__(self, rollout: RolloutConfig, model: Any, device: str, *, seed: int, own_server: bool,
+                 kv_cache_bytes: int | None) -> Engine: ...
+
+
 def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0, own_server: bool = False,
                  kv_cache_bytes: int | None = None) -> Engine:  # fmt: skip
-    """The engine named by rollout.name. `model`: a path/id, or (hf) an already-built replica.
+    """The engine registered as rollout.name (`verl_agent.registry.ENGINES`). `model`: a path/id, or (hf) an
+    already-built replica.
 
     own_server (the trainer): every worker launches its own SGLang server on a free port, because
     each pushes its weights into its own replica; a configured sglang.url is refused there.
     SGLang servers are started by `await engine.start()`. kv_cache_bytes (hf): the KV budget, instead of
     rollout.gpu_memory_utilization's share.
     """
-    if rollout.name == "hf":
-        from verl_agent.engine.hf_engine import HFEngine
+    factory: EngineFactory = ENGINES.get(rollout.name)
+    return factory(rollout, model, device, seed=seed, own_server=own_server, kv_cache_bytes=kv_cache_bytes)
 
-        return HFEngine(model, hf_engine_settings(rollout, device, seed, kv_cache_bytes))
+
+@ENGINES.register("hf")
+def hf_engine(rollout: RolloutConfig, model: Any, device: str, *, seed: int = 0, own_server: bool = False,
+              kv_cache_bytes: int | None = None) -> Engine:  # fmt: skip
+    """The Hugging Face engine (continuous batching, paged KV) on `model`, a path/id or a built replica."""
+    from verl_agent.engine.hf_engine import HFEngine
+
+    return HFEngine(model, hf_engine_settings(rollout, device, seed, kv_cache_bytes))
+
+
+@ENGINES.register("sglang")
+def sglang_engine(rollout: RolloutConfig, model: Any, device: str, *, seed: int = 0, own_server: bool = False,
+                  kv_cache_bytes: int | None = None) -> Engine:  # fmt: skip
+    """An SGLang server: rollout.sglang.url, or one launched on `model` (own_server: one per trainer worker)."""
     from verl_agent.engine.sglang_engine import SGLangEngine
 
     sg = rollout.sglang
@@ -150,10 +173,26 @@ def sglang_server_args(rollout: RolloutConfig) -> list[str]:
     return extra
 
 
+class RewardManager(Protocol):
+    """What `REWARD_MANAGERS` holds: the reward of a trajectory from the config's reward sections (None: the
+    tools' and interactions' scores, or verl's default scorer of the row's data_source)."""
+
+    def __call__(self, data: DataConfig, custom: CustomRewardFunctionConfig,
+                 reward_model: RewardModelConfig) -> RewardFunction | None: ...
+
+
 def build_reward(data: DataConfig, custom: CustomRewardFunctionConfig,
                  reward_model: RewardModelConfig) -> RewardFunction | None:  # fmt: skip
-    """The LLM judge with reward_model.enable, else data.reward_fn, else verl's custom_reward_function.{path,name},
-    else None (tools/interaction score)."""
+    """The reward manager registered as reward_model.reward_manager (`verl_agent.registry.REWARD_MANAGERS`)."""
+    manager: RewardManager = REWARD_MANAGERS.get(reward_model.reward_manager)
+    return manager(data, custom, reward_model)
+
+
+@REWARD_MANAGERS.register("naive")
+def naive_reward(data: DataConfig, custom: CustomRewardFunctionConfig,
+                 reward_model: RewardModelConfig) -> RewardFunction | None:  # fmt: skip
+    """verl's default, one score per trajectory: the LLM judge with reward_model.enable, else data.reward_fn, else
+    verl's custom_reward_function.{path,name}, else None (tools/interaction score)."""
     from verl_agent.reward import load_reward_fn
 
     if reward_model.enable:

@@ -10,7 +10,9 @@ an interaction's first message); every built-in strategy keeps them.
 - ``truncate_middle``: the task, then the latest whole messages that fit ``keep_last_tokens`` tokens
   (the last message's text is cut from the left when it alone is longer).
 - ``summarize``: the agent loop asks the policy (`summary_message` builds the restart).
-- a user function ``fn(messages: list[dict]) -> list[dict]`` (OpenAI chat dicts; async allowed).
+- a user function ``fn(messages: list[dict]) -> list[dict]`` (OpenAI chat dicts; async allowed), or a strategy
+  registered by name in ``verl_agent.registry.CONTEXT_STRATEGIES``: ``fn(strategy, messages, head)`` with
+  `Message` objects (``strategy`` gives its config and token counts), registered like the built-ins below.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from verl_agent.imports import import_object
 from verl_agent.protocol import Message
+from verl_agent.registry import CONTEXT_STRATEGIES
 
 __all__ = ["ContextError", "ContextStrategy", "DROPPED_PREFIX", "SUMMARY_PREFIX"]
 
@@ -79,13 +82,26 @@ def summary_message(text: str) -> Message:
     return Message(role="user", content=SUMMARY_PREFIX + text.strip())
 
 
+# Registered values rewrite the context; None where the agent loop acts itself (none: never; summarize: it asks
+# the policy for a summary and restarts from `summary_message`).
+CONTEXT_STRATEGIES.register("none", None)
+CONTEXT_STRATEGIES.register("summarize", None)
+CONTEXT_STRATEGIES.register("drop_observations",
+                            lambda s, messages, head: drop_observations(messages, head, s.cfg.keep_last_turns))
+CONTEXT_STRATEGIES.register("truncate_middle", lambda s, messages, head: truncate_middle(
+    messages, head, s.cfg.keep_last_tokens, s.count, s.cut))
+
+
 class ContextStrategy:
     """The configured strategy (`multi_turn.context`), bound to a tokenizer for token counts."""
 
     def __init__(self, cfg: Any, tokenizer: Any) -> None:
         self.cfg, self.name, self.tokenizer = cfg, cfg.strategy, tokenizer
         self.user_fn: Callable[..., Any] | None = None
-        if self.name not in ("none", "drop_observations", "truncate_middle", "summarize"):
+        self.registered: Callable[..., Any] | None = None
+        if self.name in CONTEXT_STRATEGIES:
+            self.registered = CONTEXT_STRATEGIES.get(self.name)
+        else:
             try:
                 self.user_fn = import_object(self.name)
             except (ImportError, AttributeError) as e:
@@ -99,17 +115,15 @@ class ContextStrategy:
 
     async def rewrite(self, messages: list[Message], head: int) -> list[Message]:
         """The rewritten context (not for `summarize`, which the agent loop runs); raises ContextError."""
-        if self.name == "drop_observations":
-            return drop_observations(messages, head, self.cfg.keep_last_turns)
-        if self.name == "truncate_middle":
-            return truncate_middle(messages, head, self.cfg.keep_last_tokens, self._count, self._cut)
-        return await self._call_user(messages)
-
-    async def _call_user(self, messages: list[Message]) -> list[Message]:
+        if self.registered is not None:
+            return await self._call(lambda: self.registered(self, messages, head))  # type: ignore[misc]
         assert self.user_fn is not None
+        return await self._call(lambda: self.user_fn([m.to_chat() for m in messages]))  # type: ignore[misc]
+
+    async def _call(self, run: Callable[[], Any]) -> list[Message]:
         where = f"context strategy {self.name}"
         try:
-            out = self.user_fn([m.to_chat() for m in messages])
+            out = run()
             if inspect.isawaitable(out):
                 out = await out
         except Exception as e:
@@ -122,9 +136,11 @@ class ContextStrategy:
         except ValueError as e:
             raise ContextError(str(e)) from e
 
-    def _count(self, text: str) -> int:
+    def count(self, text: str) -> int:
+        """Tokens of `text` (no special tokens)."""
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
-    def _cut(self, text: str, n: int) -> str:
+    def cut(self, text: str, n: int) -> str:
+        """The last `n` tokens of `text`."""
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return self.tokenizer.decode(ids[-n:]) if len(ids) > n else text

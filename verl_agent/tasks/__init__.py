@@ -1,7 +1,7 @@
 """Harbor-format tasks in containers: tasks as data, offline images, one container per trajectory
 from a warm pool, a persistent bash and a file editor as tools, and rewards from the task's tests.
 
-    task.py      read a task directory (task.toml with tomllib, instruction.md), folders, JSONL rows
+    (verl_agent/data/harbor.py reads a task directory as data: task.toml, instruction.md, folders, JSONL rows)
     image.py     build environment/Dockerfile offline, once per content hash (Docker), or find its rootfs (bwrap)
     export.py    task image bundles for hosts without Docker: export where Docker runs, import elsewhere
     pool.py      ContainerPool: warm containers per image from a container runtime (verl_agent.containers)
@@ -17,6 +17,6 @@ from a warm pool, a persistent bash and a file editor as tools, and rewards from
     bases.py     the offline base images (debian:bookworm-slim, python:3.12-slim stand-ins)
 """
 
-from verl_agent.tasks.task import HarborTask, TaskConfig, TaskError, find_tasks, load_task
+from verl_agent.data.harbor import HarborTask, TaskConfig, TaskError, find_tasks, load_task
 
 __all__ = ["HarborTask", "TaskConfig", "TaskError", "find_tasks", "load_task"]

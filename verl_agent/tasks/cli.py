@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from verl_agent.tasks.runner import check_tasks
-    from verl_agent.tasks.task import TaskError
+    from verl_agent.data.harbor import TaskError
 
     try:
         results = asyncio.run(check_tasks(args.folder, jobs=args.jobs, allow_internet=args.allow_internet,
@@ -117,7 +117,7 @@ def _check(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from verl_agent.tasks.export import export_tasks
     from verl_agent.tasks.image import ImageError
-    from verl_agent.tasks.task import TaskError
+    from verl_agent.data.harbor import TaskError
 
     try:
         res = export_tasks(args.folder, args.out, level=args.level)

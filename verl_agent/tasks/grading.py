@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_agent.containers import AGENT_KILLED, ContainerError, Runtime
+from verl_agent.data.harbor import HarborTask
 from verl_agent.tasks.pool import TaskContainer
-from verl_agent.tasks.task import HarborTask
 
 __all__ = ["FORFEITS", "TRUSTED", "VERIFIER_ENV", "Grade", "GradingError", "copy_in", "grade", "read_reward",
            "tampered"]

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from verl_agent.tasks.task import HarborTask
+from verl_agent.data.harbor import HarborTask
 
 __all__ = ["ImageError", "ensure_image", "environment_hash", "image_tag", "missing_bases"]
 

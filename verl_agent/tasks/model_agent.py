@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from verl_agent.tasks.env import using_pool
-from verl_agent.tasks.task import HarborTask, task_sample
+from verl_agent.data.harbor import HarborTask, task_sample
 
 __all__ = ["TOOLS_YAML", "run_model"]
 

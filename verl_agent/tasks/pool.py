@@ -45,7 +45,7 @@ from verl_agent.containers import (
     owner_id,
 )
 from verl_agent.tasks.shell import Shell, ShellError
-from verl_agent.tasks.task import HarborTask
+from verl_agent.data.harbor import HarborTask
 
 __all__ = ["ContainerError", "ContainerPool", "TaskContainer"]
 
@@ -137,7 +137,7 @@ class ContainerPool:
     def spec_for(self, task: HarborTask, image: str) -> ContainerSpec:
         cfg = task.config
         if cfg.allow_internet and not self.allow_internet:
-            from verl_agent.tasks.task import TaskError
+            from verl_agent.data.harbor import TaskError
 
             raise TaskError(f"{task.path / 'task.toml'}: the task asks for internet access; refused "
                             "(allow it explicitly: allow_internet=true in the tool config / --allow-internet)")

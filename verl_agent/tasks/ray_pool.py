@@ -22,7 +22,7 @@ from typing import Any
 from verl_agent.containers import get_runtime
 from verl_agent.tasks.pool import ContainerPool, TaskContainer
 from verl_agent.tasks.shell import Shell
-from verl_agent.tasks.task import HarborTask, load_task
+from verl_agent.data.harbor import HarborTask, load_task
 
 __all__ = ["ContainerPoolActor", "NodePoolClient", "actor_name", "ensure_node_pools", "node_pool"]
 

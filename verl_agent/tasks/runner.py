@@ -17,7 +17,7 @@ from typing import Any
 from verl_agent.tasks.grading import copy_in, grade
 from verl_agent.tasks.image import ImageError
 from verl_agent.tasks.pool import ContainerError, ContainerPool
-from verl_agent.tasks.task import TaskError, load_task
+from verl_agent.data.harbor import TaskError, load_task
 
 __all__ = ["AGENTS", "TaskRun", "run_task", "check_tasks"]
 
@@ -103,7 +103,7 @@ async def run_task(task_dir: str | Path, agent: str = "oracle", *, pool: Contain
 async def check_tasks(folder: str | Path, *, jobs: int = 4, allow_internet: bool = False, runtime: str = "auto"
                       ) -> list[tuple[str, TaskRun, TaskRun]]:  # fmt: skip
     """Oracle and nop on every task of `folder`: [(task dir, oracle run, nop run)], in folder order."""
-    from verl_agent.tasks.task import find_tasks
+    from verl_agent.data.harbor import find_tasks
 
     dirs = find_tasks(folder)
     pool = await asyncio.to_thread(ContainerPool, runtime, warm=0, allow_internet=allow_internet)

@@ -37,6 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from verl_agent.tools.errors import ToolArgumentError, ToolConfigError, ToolUnavailable
+from verl_agent.yaml_registry import read_config_file
 
 __all__ = ["START_TIMEOUT", "MCPServer", "MCPServerSpec", "RateLimiter", "load_servers", "on_mcp_loop",
            "run_on_mcp_loop"]
@@ -102,12 +103,7 @@ async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[An
 def load_servers(path: str | Path) -> dict[str, MCPServerSpec]:
     """The enabled servers of a servers file; errors name the file and the server."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise ToolConfigError(f"MCP servers file {path}: cannot read: {e}") from e
-    except json.JSONDecodeError as e:
-        raise ToolConfigError(f"MCP servers file {path}: invalid JSON: {e}") from e
+    data = read_config_file(path, ToolConfigError, json.loads, "JSON", what="MCP servers file ")
     servers = data.get("mcpServers") if isinstance(data, dict) else None
     if not isinstance(servers, dict) or not servers:
         raise ToolConfigError(f'MCP servers file {path}: expected {{"mcpServers": {{name: {{...}}}}}} with a server')

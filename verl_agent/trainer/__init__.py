@@ -17,7 +17,7 @@ _LAZY = {
     "TrainingError": "verl_agent.trainer.errors",
     "add_cli": "verl_agent.trainer.loop",
     "run_train_cli": "verl_agent.trainer.loop",
-    "WorkerGroup": "verl_agent.trainer.controller",
+    "WorkerGroup": "verl_agent.trainer.workers.controller",
 }
 
 

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from verl_agent.protocol import Sample
-from verl_agent.trainer.sharding import shard_sizes
+from verl_agent.trainer.workers.sharding import shard_sizes
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
-    from verl_agent.trainer.controller import WorkerGroup
-    from verl_agent.trainer.rollout_worker import RolloutResult
+    from verl_agent.trainer.workers.controller import WorkerGroup
+    from verl_agent.trainer.workers.rollout_worker import RolloutResult
 
 __all__ = ["Feeder", "step_seed"]
 

@@ -34,14 +34,14 @@ from typing import Any
 from verl_agent.config import RunConfig, save_config
 from verl_agent.protocol import SCORED_OUTCOMES
 from verl_agent.rollout.metrics import TrajectorySummary, summarize
-from verl_agent.trainer import checkpoint as ckpt
+from verl_agent.trainer.persistence import checkpoint as ckpt
 from verl_agent.trainer.algorithms import make_kl_controller
-from verl_agent.trainer.controller import WorkerGroup, cpus_needed, init_ray
+from verl_agent.trainer.workers.controller import WorkerGroup, cpus_needed, init_ray
 from verl_agent.trainer.errors import CheckpointWriteError, InfraFailureError, TrainingError
 from verl_agent.trainer.feeder import Feeder, step_seed
-from verl_agent.trainer.loggers import LoggerConfigError, check_loggers
-from verl_agent.trainer.rollout_worker import RolloutResult
-from verl_agent.trainer.tracking import Tracker, timer
+from verl_agent.trainer.tracking.loggers import LoggerConfigError, check_loggers
+from verl_agent.trainer.tracking.tracker import Tracker, timer
+from verl_agent.trainer.workers.rollout_worker import RolloutResult
 
 logger = logging.getLogger(__name__)
 

@@ -34,12 +34,12 @@ from verl_agent.engine.contract import SamplingParams
 from verl_agent.engine.tensor_handles import memory_key
 from verl_agent.protocol import Sample
 from verl_agent.rollout.metrics import TrajectorySummary
-from verl_agent.trainer import checkpoint as ckpt
-from verl_agent.trainer.policy import AdvantageResult, Policy
-from verl_agent.trainer.profiling import RankProfiler
-from verl_agent.trainer.rollout_worker import RolloutHost, RolloutResult, rollout_result
-from verl_agent.trainer.step_batch import StepBatch
-from verl_agent.trainer.weight_transport import WeightSender, pause_drains
+from verl_agent.trainer.persistence import checkpoint as ckpt
+from verl_agent.trainer.policy.policy import AdvantageResult, Policy
+from verl_agent.trainer.tracking.profiling import RankProfiler
+from verl_agent.trainer.workers.rollout_worker import RolloutHost, RolloutResult, rollout_result
+from verl_agent.trainer.policy.step_batch import StepBatch
+from verl_agent.trainer.weights.weight_transport import WeightSender, pause_drains
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class TrainWorker:
         self.model_path = resolve_model_path(arr.model.path)
         self.policy = Policy(cfg, self.rank, self.device, mesh, self.model_path)
         if cfg.trainer.placement == "colocated":
-            from verl_agent.trainer import lora
+            from verl_agent.trainer.weights import lora
 
             shared = lora.base_tensors(self.policy.actor) \
                 if lora.engine_shares_base(cfg, self.device.type, self.world_size) else None

@@ -37,9 +37,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from verl_agent.trainer.algorithms import actor_loss, entropy_from_logits, value_loss
-from verl_agent.trainer.losses import chunked_log_probs
-from verl_agent.trainer.batch import TrainSeq, pad_field
-from verl_agent.trainer.prepare import add_rollout_is_stats, rollout_is_metrics, rollout_is_weights
+from verl_agent.trainer.algorithms.losses import chunked_log_probs
+from verl_agent.trainer.policy.batch import TrainSeq, pad_field
+from verl_agent.trainer.policy.prepare import add_rollout_is_stats, rollout_is_metrics, rollout_is_weights
 
 __all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "forward_values", "micro_batches", "reduce_op",
            "update_actor", "update_critic"]

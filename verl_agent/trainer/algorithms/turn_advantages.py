@@ -37,7 +37,7 @@ from collections.abc import Hashable
 import torch
 from torch import Tensor
 
-from verl_agent.trainer.advantage_base import (
+from verl_agent.trainer.algorithms.advantage_base import (
     AdvantageInputs, group_normalize, masked_whiten, need_groups, register_adv_estimator,
 )
 
@@ -87,7 +87,7 @@ def _dense(keys: list[Hashable]) -> Tensor:
     return torch.tensor([ids.setdefault(k, len(ids)) for k in keys], dtype=torch.long)
 
 
-@register_adv_estimator("grpo_turn")
+@register_adv_estimator("grpo_turn", groups=True)
 def grpo_turn_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """Per-turn discounted returns, normalised within (prompt group, turn index)."""
     gids = need_groups(inp, "grpo_turn")
@@ -135,7 +135,7 @@ def gigpo_episode_advantage(inp: AdvantageInputs, gids: Tensor, n_turns: Tensor)
     return adv
 
 
-@register_adv_estimator("gigpo")
+@register_adv_estimator("gigpo", groups=True)
 def gigpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """Episode-level GRPO advantage + step_weight * step-level advantage over anchor-state groups."""
     gids = need_groups(inp, "gigpo")

@@ -18,9 +18,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from verl_agent.registry import LOGGERS
+
 __all__ = ["Tracker", "timer", "console_line"]
 
 logger = logging.getLogger(__name__)
+
+# The Tracker writes these itself (loggers.py registers the external ones): registered as None, valid names.
+LOGGERS.register("console", None)
+LOGGERS.register("tensorboard", None)
 
 
 @contextmanager
@@ -56,7 +62,7 @@ class Tracker:
 
     def __init__(self, run_dir: Path, loggers: list[str], append: bool = False, config: dict[str, Any] | None = None,
                  project: str = "verl_agent", experiment: str = "run") -> None:  # fmt: skip
-        from verl_agent.trainer.loggers import open_loggers
+        from verl_agent.trainer.tracking.loggers import open_loggers
 
         self.path = run_dir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from verl_agent.engine.contract import SamplingParams, counter_changes
 from verl_agent.rollout.metrics import TrajectorySummary
 from verl_agent.rollout.stream import Group, RolloutStream
 from verl_agent.engine.tensor_handles import loads_by_handle, memory_key
-from verl_agent.trainer.sharding import shard_list
+from verl_agent.trainer.workers.sharding import shard_list
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
@@ -121,7 +121,7 @@ class RolloutHost:
     def __init__(self, cfg: RunConfig, rank: int, model_path: str, device: torch.device, shards: int,
                  kv_cache_bytes: int | None = None, shared_base: dict[str, torch.Tensor] | None = None) -> None:
         from verl_agent.rollout.build import build_rollout
-        from verl_agent.trainer.fsdp import load_causal_lm
+        from verl_agent.trainer.policy.fsdp import load_causal_lm
 
         if cfg.actor_rollout_ref.rollout.max_num_seqs is None:
             cfg = cfg.model_copy(deep=True)
@@ -135,7 +135,7 @@ class RolloutHost:
             model = load_causal_lm(model_path, arr.rollout.dtype or arr.model.dtype,
                                    trust_remote_code=arr.model.trust_remote_code)
             if shared_base is not None:  # LoRA, one rank: the trainer's frozen base, no copy (trainer/lora.py)
-                from verl_agent.trainer.lora import share_base
+                from verl_agent.trainer.weights.lora import share_base
 
                 share_base(model, shared_base)
         parts = build_rollout(cfg, model=model, device=str(device), seed=cfg.trainer.seed + rank, own_server=True,
@@ -278,7 +278,7 @@ class RolloutWorker:
             torch.cuda.synchronize()
 
     def join_weight_group(self, addr: str, port: int, rank: int, size: int) -> None:
-        from verl_agent.trainer.weight_group import WeightGroup
+        from verl_agent.trainer.weights.weight_group import WeightGroup
 
         self.weight_group = WeightGroup(addr, port, rank, size, self.host.device)
 

@@ -27,11 +27,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.protocol import Sample
-from verl_agent.trainer.policy import AdvantageResult
-from verl_agent.trainer.rollout_worker import RolloutResult, RolloutWorker
-from verl_agent.trainer.sharding import shard_list
-from verl_agent.trainer.weight_transport import pause_drains
-from verl_agent.trainer.worker import TrainWorker
+from verl_agent.trainer.policy.policy import AdvantageResult
+from verl_agent.trainer.workers.rollout_worker import RolloutResult, RolloutWorker
+from verl_agent.trainer.workers.sharding import shard_list
+from verl_agent.trainer.weights.weight_transport import pause_drains
+from verl_agent.trainer.workers.worker import TrainWorker
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig

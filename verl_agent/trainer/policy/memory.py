@@ -32,7 +32,8 @@ from verl_agent.config import ConfigError
 from verl_agent.engine.kv_pool import (
     device_available_bytes, device_memory_bytes, kv_bytes_per_token, share_budget,
 )
-from verl_agent.trainer.lora import engine_shares_base
+from verl_agent.trainer.algorithms.advantage_base import needs_critic
+from verl_agent.trainer.weights.lora import engine_shares_base
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ class _Inputs:
 
 
 def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Module]) -> _Inputs:
-    from verl_agent.trainer.rollout_worker import engine_slots
+    from verl_agent.trainer.workers.rollout_worker import engine_slots
 
     arr, r, t = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout, cfg.trainer
     config = actor.config
@@ -271,7 +272,7 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
     now = torch.cuda.memory_allocated(device) if cuda else process_rss_bytes()
     held = sum(p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for m in loaded for p in m.parameters())
     free = device_available_bytes(device) - MARGIN[device.type] * device_memory_bytes(device)
-    critic = cfg.algorithm.adv_estimator == "gae"
+    critic = needs_critic(cfg.algorithm.adv_estimator)
     lora = arr.model.lora_rank > 0
     kw = dict(param_bytes=param_bytes, act_bytes=2 if cuda and param_bytes == 4 else param_bytes,
               trainable=sum(p.numel() for p in actor.parameters() if p.requires_grad) if lora else None,

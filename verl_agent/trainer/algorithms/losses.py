@@ -7,7 +7,7 @@ or a metric, and they receive exactly zero gradient even if the padded values
 there are garbage (reductions use ``torch.where``, not multiplication, so an
 ``inf`` or ``nan`` at a masked position cannot leak in).
 
-Policy losses are registered by name in ``POLICY_LOSSES`` (the value of
+Policy losses are registered by name in ``verl_agent.registry.POLICY_LOSSES`` (the value of
 ``actor_rollout_ref.actor.policy_loss.loss_mode``). Metrics are returned as
 detached 0-d tensors so that the caller decides when to synchronise a GPU.
 """
@@ -19,6 +19,8 @@ from typing import Protocol
 
 import torch
 from torch import Tensor
+
+from verl_agent.registry import POLICY_LOSSES
 
 __all__ = [
     "LOSS_AGG_MODES", "KL_PENALTIES", "POLICY_LOSSES", "PolicyLossFn",
@@ -209,24 +211,14 @@ class PolicyLossFn(Protocol):
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Register a policy loss under ``name`` (``policy_loss.loss_mode``)."""
-    def deco(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-    return deco
+    """Register a policy loss as ``actor_rollout_ref.actor.policy_loss.loss_mode=name``."""
+    return POLICY_LOSSES.register(name)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy_loss.loss_mode {name!r}; registered: {sorted(POLICY_LOSSES)}") from None
+    """The loss registered as `name`; an unknown name raises `RegistryError` (a ValueError) listing them."""
+    return POLICY_LOSSES.get(name)
 
 
 def compute_policy_loss(name: str, old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor,

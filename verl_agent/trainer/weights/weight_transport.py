@@ -20,8 +20,8 @@ from verl_agent.engine.tensor_handles import HandleStaging, dumps_by_handle, fla
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
-    from verl_agent.trainer.rollout_worker import RolloutHost
-    from verl_agent.trainer.weight_group import WeightGroup
+    from verl_agent.trainer.workers.rollout_worker import RolloutHost
+    from verl_agent.trainer.weights.weight_group import WeightGroup
 
 __all__ = ["Bucket", "WeightSender", "pause_drains"]
 
@@ -60,7 +60,7 @@ class WeightSender:
 
     def join_group(self, addr: str, port: int, size: int) -> None:
         """Rank 0, split placement: host the `WeightGroup` that rollout workers on other GPUs or hosts join."""
-        from verl_agent.trainer.weight_group import WeightGroup
+        from verl_agent.trainer.weights.weight_group import WeightGroup
 
         self.weight_group = WeightGroup(addr, port, 0, size, self.device)
 

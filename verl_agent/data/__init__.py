@@ -154,7 +154,7 @@ def iter_samples(
 
 def _task_samples(path: Path, row: dict | None = None, where: str = "") -> Iterator[Sample]:
     """Harbor task samples (verl_agent.tasks): a task folder, or one JSONL row ``{"task": dir, ...}``."""
-    from verl_agent.tasks.task import TaskError, iter_task_samples, row_task_sample
+    from verl_agent.data.harbor import TaskError, iter_task_samples, row_task_sample
 
     try:
         yield from ([row_task_sample(row, path, where)] if row is not None else iter_task_samples(path))

@@ -29,11 +29,14 @@ import os
 import random
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["TABLE_ROWS", "ExternalLogger", "LoggerConfigError", "MlflowLogger", "WandbLogger", "check_loggers",
-           "flatten_params", "open_loggers", "sample_rows"]
+from verl_agent.registry import LOGGERS
+
+__all__ = ["TABLE_ROWS", "ExternalLogger", "LoggerConfigError", "LoggerRun", "MlflowLogger", "WandbLogger",
+           "check_loggers", "flatten_params", "open_loggers", "sample_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,17 @@ class ExternalLogger(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class LoggerRun:
+    """What a logger registered in `LOGGERS` is built from: ``factory(run) -> ExternalLogger``."""
+
+    run_dir: Path
+    project: str  # trainer.project_name
+    experiment: str  # trainer.experiment_name
+    config: dict[str, Any] | None  # the run config as a dict
+    run_id: str | None  # the id it gave this run dir before (a resumed run continues it), else None
+
+
 def _require(name: str) -> Any:
     import importlib
 
@@ -113,14 +127,14 @@ def _require(name: str) -> Any:
 
 def open_loggers(names: list[str], run_dir: Path, project: str, experiment: str, config: dict[str, Any] | None,
                  resume: bool) -> list[ExternalLogger]:  # fmt: skip
-    """The W&B / MLflow loggers `names` asks for (others are the Tracker's own)."""
+    """The registered loggers `names` asks for (those registered as None are the Tracker's own)."""
     ids_path = run_dir / _IDS_FILE
     ids = json.loads(ids_path.read_text()) if resume and ids_path.exists() else {}
     out: list[ExternalLogger] = []
-    if "wandb" in names:
-        out.append(WandbLogger(run_dir, project, experiment, config, run_id=ids.get("wandb")))
-    if "mlflow" in names:
-        out.append(MlflowLogger(project, experiment, config, run_id=ids.get("mlflow")))
+    for name in names:
+        factory = LOGGERS.get(name)
+        if factory is not None:
+            out.append(factory(LoggerRun(run_dir, project, experiment, config, ids.get(name))))
     if out:
         ids.update({lg.key: lg.run_id for lg in out})
         ids_path.write_text(json.dumps(ids))
@@ -279,3 +293,13 @@ class MlflowLogger:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
+
+
+@LOGGERS.register("wandb")
+def wandb_logger(run: LoggerRun) -> ExternalLogger:
+    return WandbLogger(run.run_dir, run.project, run.experiment, run.config, run_id=run.run_id)
+
+
+@LOGGERS.register("mlflow")
+def mlflow_logger(run: LoggerRun) -> ExternalLogger:
+    return MlflowLogger(run.project, run.experiment, run.config, run_id=run.run_id)

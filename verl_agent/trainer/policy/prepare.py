@@ -24,17 +24,15 @@ import torch
 from torch import Tensor
 
 from verl_agent.protocol import SUCCESS_THRESHOLD, Trajectory
+from verl_agent.trainer.algorithms.advantage_base import needs_critic
 from verl_agent.trainer.algorithms import (
     AllReduce, apply_kl_in_reward, compute_advantages, filter_uniform_groups, kl_penalty, scores_to_token_rewards,
 )
-from verl_agent.trainer.batch import TrainSeq, from_trajectory, pad_field
+from verl_agent.trainer.policy.batch import TrainSeq, from_trajectory, pad_field
 
-__all__ = ["GROUP_ESTIMATORS", "train_seqs", "assign_advantages", "filter_groups", "log_prob_metrics",
+__all__ = ["train_seqs", "assign_advantages", "filter_groups", "log_prob_metrics",
            "apply_rollout_correction", "rollout_is_weights", "add_rollout_is_stats", "rollout_is_metrics",
            "turn_token_rewards", "turn_index"]
-
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_turn", "gigpo")
-
 
 def _local(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """The all-reduce of a single worker: nothing to combine."""
@@ -83,7 +81,7 @@ def assign_advantages(seqs: list[TrainSeq], algo, kl_coef: float, all_reduce: Al
     # Every rank runs the estimator, an empty one too: whitening estimators all-reduce inside
     # (masked_whiten), so a rank that skipped it would leave the others' collectives out of step.
     values = None
-    if algo.adv_estimator == "gae":
+    if needs_critic(algo.adv_estimator):
         values = pad_field([s.old_values for s in seqs]) if seqs else torch.zeros_like(mask)
     adv, ret = compute_advantages(
         algo.adv_estimator, response_mask=mask, token_rewards=token_rewards, group_index=[s.uid for s in seqs],

@@ -18,8 +18,8 @@ token would cut multi-turn credit assignment.)
 Singleton groups follow verl: mean 0 and std 1, so the advantage is the score.
 
 Turn estimators (``grpo_turn``, ``gigpo``, ``gae`` with ``timestep_unit="turn"``) live in
-``turn_advantages.py``; importing this module registers them too (all share the registry of
-``advantage_base.py``); they read ``turn_index`` (which assistant
+``turn_advantages.py``; importing this module registers them too (all share
+``verl_agent.registry.ADV_ESTIMATORS``); they read ``turn_index`` (which assistant
 turn each position belongs to) and, for GiGPO, ``turn_keys`` (the anchor state of each turn).
 
 Sharded batches: group estimators need only their group, which the trainer keeps
@@ -35,11 +35,11 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
-from verl_agent.trainer.advantage_base import (
+from verl_agent.trainer.algorithms.advantage_base import (
     ADV_ESTIMATORS, AdvantageFn, AdvantageInputs, AllReduce, group_normalize, group_stats, masked_whiten, need_groups,
     register_adv_estimator,
 )
-from verl_agent.trainer.turn_advantages import gae_turn
+from verl_agent.trainer.algorithms.turn_advantages import gae_turn
 
 __all__ = [
     "AdvantageInputs", "ADV_ESTIMATORS", "register_adv_estimator", "get_adv_estimator",
@@ -49,10 +49,8 @@ __all__ = [
 
 
 def get_adv_estimator(name: str) -> AdvantageFn:
-    try:
-        return ADV_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm.adv_estimator {name!r}; registered: {sorted(ADV_ESTIMATORS)}") from None
+    """The estimator registered as `name`; an unknown name raises `RegistryError` (a ValueError) listing them."""
+    return ADV_ESTIMATORS.get(name)
 
 
 def compute_advantages(
@@ -121,7 +119,7 @@ def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), per_seq.unsqueeze(-1), torch.zeros((), device=per_seq.device))
 
 
-@register_adv_estimator("grpo")
+@register_adv_estimator("grpo", groups=True)
 def grpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """(s - mean_group) / (std_group + eps); Dr. GRPO (no std) when norm_adv_by_std_in_grpo=False."""
     gids = need_groups(inp, "grpo")
@@ -130,7 +128,7 @@ def grpo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-@register_adv_estimator("rloo")
+@register_adv_estimator("rloo", groups=True)
 def rloo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """s_i - mean of the other members of its group: (n s_i - sum) / (n - 1)."""
     gids = need_groups(inp, "rloo")
@@ -141,7 +139,7 @@ def rloo_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline")
+@register_adv_estimator("reinforce_plus_plus_baseline", groups=True)
 def reinforce_pp_baseline_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """s - group mean, broadcast, then whitened over all model tokens of the batch."""
     gids = need_groups(inp, "reinforce_plus_plus_baseline")
@@ -165,7 +163,7 @@ def reinforce_pp_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return masked_whiten(returns, mask, all_reduce=inp.all_reduce), returns
 
 
-@register_adv_estimator("gae")
+@register_adv_estimator("gae", critic=True)
 def gae_advantage(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GAE(gamma, lam) with a critic; returns = adv + V (critic target); adv whitened.
 

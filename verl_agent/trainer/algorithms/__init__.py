@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from verl_agent.trainer.advantages import (
+from verl_agent.trainer.algorithms.advantages import (
     ADV_ESTIMATORS, AdvantageInputs, AllReduce, KLController, apply_kl_in_reward, compute_advantages,
     filter_uniform_groups, get_adv_estimator, group_ids_from_index, make_kl_controller, masked_whiten,
     register_adv_estimator, scores_to_token_rewards,
 )
-from verl_agent.trainer.losses import (
+from verl_agent.trainer.algorithms.losses import (
     KL_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES, PolicyLossFn, agg_loss, compute_policy_loss,
     entropy_from_logits, get_policy_loss, gspo_policy_loss, kl_penalty, masked_mean, masked_sum,
     register_policy_loss, value_loss, vanilla_policy_loss,

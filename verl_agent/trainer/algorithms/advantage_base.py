@@ -1,8 +1,8 @@
 """What every advantage estimator shares: its inputs, the registry it joins, and group/batch statistics.
 
 Estimators live in ``advantages.py`` (outcome and token estimators) and ``turn_advantages.py``
-(turn estimators); both register here with ``register_adv_estimator``, and
-``advantages.compute_advantages`` looks them up by ``algorithm.adv_estimator``.
+(turn estimators); both register with ``register_adv_estimator`` into ``verl_agent.registry.ADV_ESTIMATORS``
+(the names ``algorithm.adv_estimator`` accepts), and ``advantages.compute_advantages`` looks them up there.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from verl_agent.trainer.losses import masked_mean, masked_sum
+from verl_agent.registry import ADV_ESTIMATORS
+from verl_agent.trainer.algorithms.losses import masked_mean, masked_sum
 
 __all__ = ["ADV_ESTIMATORS", "AdvantageFn", "AdvantageInputs", "AllReduce", "group_normalize", "group_stats",
-           "masked_whiten", "need_groups", "register_adv_estimator"]
+           "masked_whiten", "need_groups", "needs_critic", "needs_groups", "register_adv_estimator"]
 
 AllReduce = Callable[..., Tensor]  # (tensor, op="sum"|"max") -> the tensor combined over the workers of a batch
 
@@ -44,17 +45,26 @@ class AdvantageInputs:
 
 
 AdvantageFn = Callable[[AdvantageInputs], "tuple[Tensor, Tensor]"]
-ADV_ESTIMATORS: dict[str, AdvantageFn] = {}
 
 
-def register_adv_estimator(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Register ``fn(inputs) -> (advantages [B,T], returns [B,T])`` under ``name``."""
-    def deco(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADV_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADV_ESTIMATORS[name] = fn
-        return fn
-    return deco
+def register_adv_estimator(name: str, *, groups: bool = False, critic: bool = False
+                           ) -> Callable[[AdvantageFn], AdvantageFn]:  # fmt: skip
+    """Register ``fn(inputs) -> (advantages [B,T], returns [B,T])`` as ``algorithm.adv_estimator=name``.
+
+    groups: it compares the trajectories of one prompt (a group cut to one trajectory by failures is dropped);
+    critic: it reads ``inputs.values`` (the trainer builds and trains a critic).
+    """
+    return ADV_ESTIMATORS.register(name, groups=groups, critic=critic)
+
+
+def needs_groups(name: str) -> bool:
+    """Whether the estimator registered as `name` compares the trajectories of a group."""
+    return bool(ADV_ESTIMATORS.meta(name).get("groups", False))
+
+
+def needs_critic(name: str) -> bool:
+    """Whether the estimator registered as `name` reads a critic's values."""
+    return bool(ADV_ESTIMATORS.meta(name).get("critic", False))
 
 
 def group_stats(scores: Tensor, gids: Tensor) -> tuple[Tensor, Tensor, Tensor]:

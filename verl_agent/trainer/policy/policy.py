@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verl_agent.trainer.actor import (
+from verl_agent.trainer.policy.actor import (
     MicroBatching, forward_log_probs, forward_values, micro_batches, reduce_op, update_actor, update_critic,
 )
-from verl_agent.trainer.batch import TrainSeq
-from verl_agent.trainer.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
-from verl_agent.trainer.memory import plan_memory
-from verl_agent.trainer.prepare import apply_rollout_correction, assign_advantages, filter_groups, log_prob_metrics
+from verl_agent.trainer.algorithms.advantage_base import needs_critic
+from verl_agent.trainer.policy.batch import TrainSeq
+from verl_agent.trainer.policy.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
+from verl_agent.trainer.policy.memory import plan_memory
+from verl_agent.trainer.policy.prepare import apply_rollout_correction, assign_advantages, filter_groups, log_prob_metrics
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
@@ -91,7 +92,7 @@ class Policy:
         self.mb_ref = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens,
                                     arr.ref.log_prob_micro_batch_size_per_gpu or self.mb_log_prob.per_gpu)
         self.critic: torch.nn.Module | None = None
-        if cfg.algorithm.adv_estimator == "gae":
+        if needs_critic(cfg.algorithm.adv_estimator):
             self._build_critic()
         self._rollout_is_in_update: tuple[str, float] | None = None  # (level, cap) when the update weighs them
 
@@ -101,7 +102,7 @@ class Policy:
         dtype = "bfloat16" if lora and self.device.type == "cuda" else model_cfg.dtype
         model = load_causal_lm(self.model_path, dtype, grad_ckpt, model_cfg.trust_remote_code)
         if lora:
-            from verl_agent.trainer.lora import wrap_lora
+            from verl_agent.trainer.weights.lora import wrap_lora
 
             model = wrap_lora(model, model_cfg)
         return model if offload else model.to(self.device)  # offloaded shards stay on the host
@@ -116,7 +117,7 @@ class Policy:
 
     def _build_critic(self) -> None:
         from verl_agent.rollout.build import resolve_model_path
-        from verl_agent.trainer.fsdp import ValueModel
+        from verl_agent.trainer.policy.fsdp import ValueModel
 
         c = self.cfg.critic
         path = resolve_model_path(c.model.path) if c.model.path else self.model_path
@@ -174,7 +175,7 @@ class Policy:
         return log_prob_metrics(seqs, reduce_op)
 
     def _ref_log_probs(self, seqs: list[TrainSeq], temp: float) -> None:
-        from verl_agent.trainer.lora import reference_of
+        from verl_agent.trainer.weights.lora import reference_of
 
         self.actor.eval()
         with reference_of(self.actor) if self.ref is None else contextlib.nullcontext(self.ref) as ref:
@@ -226,7 +227,7 @@ class Policy:
         bucket_bytes = (512 if self.device.type == "cuda" else 64) << 20
         if not self.lora:
             return iter_full_param_buckets(self.actor, bucket_bytes, dtype=dtype)
-        from verl_agent.trainer.lora import adapter_parameters, engine_adapter_tensors, lora_scaling
+        from verl_agent.trainer.weights.lora import adapter_parameters, engine_adapter_tensors, lora_scaling
 
         # fp32 gathers, scaled, then cast: B x scaling rounds once, as the actor's forward does
         gathered = iter_full_param_buckets(self.actor, bucket_bytes, params=adapter_parameters(self.actor))

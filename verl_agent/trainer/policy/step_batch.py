@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from verl_agent.protocol import Trajectory
 from verl_agent.rollout.stream import Group
-from verl_agent.trainer.batch import TrainSeq
-from verl_agent.trainer.prepare import GROUP_ESTIMATORS, train_seqs
-from verl_agent.trainer.rollout_worker import log_trajectories
+from verl_agent.trainer.algorithms.advantage_base import needs_groups
+from verl_agent.trainer.policy.batch import TrainSeq
+from verl_agent.trainer.policy.prepare import train_seqs
+from verl_agent.trainer.workers.rollout_worker import log_trajectories
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
@@ -35,7 +36,7 @@ class StepBatch:
     def keep(self, groups: list[Group], step: int) -> dict[str, float]:
         """Hold `groups` for step `step`; returns what the failure rules left out, counted by cause."""
         self.trajs = [t for g in groups for t in g.trajectories]
-        self.seqs, counts = train_seqs(self.trajs, self.cfg.algorithm.adv_estimator in GROUP_ESTIMATORS)
+        self.seqs, counts = train_seqs(self.trajs, needs_groups(self.cfg.algorithm.adv_estimator))
         self.step = step
         self.pending = sorted(s.extra["trajectory"] for s in self.seqs)
         waiting = set(self.pending)

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 if TYPE_CHECKING:
-    from verl_agent.trainer.policy import Policy
+    from verl_agent.trainer.policy.policy import Policy
 
 __all__ = ["CKPT_DIR", "LATEST", "MARKER", "tmp_dir", "finalize", "discard", "verify", "find_latest",
            "latest_checkpoint", "driver_state", "restore_driver_rng", "save_shards", "load_shards", "save_policy",
@@ -190,7 +190,7 @@ def save_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.
     ``trainable_only``: the parameters that train (LoRA adapters), not the frozen ones."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from verl_agent.trainer.state_files import save_state
+    from verl_agent.trainer.persistence.state_files import save_state
 
     model_sd, optim_sd = _trainable(model, *get_state_dict(model, optimizer, options=_options(trainable_only)),
                                     trainable_only)
@@ -203,7 +203,7 @@ def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.
     """Collective: load this rank's shard in place (from a checkpoint of any world size; CRC32-checked)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from verl_agent.trainer.state_files import load_state
+    from verl_agent.trainer.persistence.state_files import load_state
 
     options = _options(trainable_only)
     model_sd, optim_sd = _trainable(model, *get_state_dict(model, optimizer, options=options), trainable_only)
@@ -214,7 +214,7 @@ def load_shards(path: Path, name: str, model: torch.nn.Module, optimizer: torch.
 
 def save_policy(policy: Policy, path: Path, codec: str, rank: int) -> None:
     """Collective: every rank writes its actor (+ critic) shards and its LR-scheduler and RNG states."""
-    from verl_agent.trainer.state_files import save_object
+    from verl_agent.trainer.persistence.state_files import save_object
 
     save_shards(path, "actor", policy.actor, policy.optim, codec, trainable_only=policy.lora)
     extra = {"sched": policy.sched.state_dict(), "torch_rng": torch.get_rng_state()}
@@ -249,7 +249,7 @@ def export_hf(model: nn.Module, model_path: str, tokenizer_path: str, out_dir: s
     and the config says so. Everything lands in ``out_dir.tmp`` first and is renamed into place, so a
     reader never sees a half-written export. Tied weights are written once, as transformers does.
     """
-    from verl_agent.trainer.fsdp import iter_full_param_buckets
+    from verl_agent.trainer.policy.fsdp import iter_full_param_buckets
 
     buffers = dict(model.named_buffers())
     names = [n for n, _ in model.named_parameters()] + _persistent_buffers(model)
@@ -303,8 +303,8 @@ def export_lora(model: nn.Module, model_path: str, tokenizer_path: str, out_dir:
     adapters merged in, as a plain Hugging Face model (streamed like `export_hf`). Rank 0 writes."""
     from transformers import AutoTokenizer
 
-    from verl_agent.trainer import lora
-    from verl_agent.trainer.fsdp import iter_full_param_buckets
+    from verl_agent.trainer.weights import lora
+    from verl_agent.trainer.policy.fsdp import iter_full_param_buckets
 
     adapters = {n: t.detach().cpu().clone() for bucket in
                 iter_full_param_buckets(model, params=lora.adapter_parameters(model)) for n, t in bucket}
@@ -324,8 +324,8 @@ def export_lora(model: nn.Module, model_path: str, tokenizer_path: str, out_dir:
 
 def _export_merged(model: nn.Module, adapters: dict[str, torch.Tensor], sources: tuple[str, str], out: Path,
                    rank: int, shard_bytes: int) -> None:
-    from verl_agent.trainer import lora
-    from verl_agent.trainer.fsdp import iter_full_param_buckets
+    from verl_agent.trainer.weights import lora
+    from verl_agent.trainer.policy.fsdp import iter_full_param_buckets
 
     frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
     buffers = {lora.base_name(n): b for n, b in model.named_buffers()}
@@ -407,7 +407,7 @@ def load_checkpoint_model(path: Path, dtype: torch.dtype | None = None) -> tuple
 
     from verl_agent.config import load_config
     from verl_agent.rollout.build import import_external_lib, resolve_model_path
-    from verl_agent.trainer.state_files import load_state
+    from verl_agent.trainer.persistence.state_files import load_state
 
     path = resolve_checkpoint(path)
     model_cfg = load_config(str(path.parent.parent / "config.yaml")).actor_rollout_ref.model
