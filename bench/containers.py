@@ -1,17 +1,20 @@
-"""Trajectory containers, measured side by side in one run (needs the Docker daemon and the local image
-verl-agent-sandbox-base:bookworm; the task image is built from it offline on first use).
+"""Trajectory containers on each runtime, measured side by side in one run, a column per runtime (needs the
+Docker daemon and the local image verl-agent-sandbox-base:bookworm; the task image is built from it offline
+on first use, and exported into the bwrap image store once).
 
-    python bench/containers.py [--cold 10] [--warm 20] [--trajectories 64]
+    python bench/containers.py [--runtimes docker,bwrap] [--cold 10] [--warm 20] [--grades 10] [--trajectories 64]
 
 Rows:
   start cold         pool.acquire with no warm container: create + start + shell open (p50/p99)
-  start warm         pool.acquire with a warm container ready (p50/p99); the target is p50 <= 100 ms
+  start warm         pool.acquire with a warm container ready (p50/p99)
+  grade              grading.grade after a one-command episode: seal, tamper and disk checks, test.sh
   bash c=1/16/64     `echo` round trip through the persistent shell at 1, 16, 64 concurrent trajectories
   64 trajectories    64 at once, 10 bash calls each with 0.1-1 s of simulated model time between calls:
                      wall time, errors, bash round trip p50/p99 under that load; once with every container
                      started cold as the trajectories begin, once from a warm pool sized to the batch
-  memory per idle    the container's cgroup memory plus its containerd-shim's RSS on the host
-  left behind        task containers of this run still present after the pool closed
+  memory per idle    the container's cgroup memory, and its host-side helpers' RSS (containerd-shim; bwrap's
+                     monitor and the sandbox's init)
+  left behind        this run's containers still present after the pool closed (bwrap: directories + mounts)
 
     python bench/containers.py --daemon-restart    # root, and a dockerd this machine started (not systemd's)
 
@@ -39,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from verl_agent.tasks.grading import grade  # noqa: E402
 from verl_agent.tasks.pool import ContainerPool  # noqa: E402
 from verl_agent.data.harbor import load_task  # noqa: E402
 
@@ -125,32 +129,61 @@ async def trajectories(pool: ContainerPool, task, n: int, calls: int) -> dict:
             "bash_p50_ms": 1e3 * pct(lat, 50), "bash_p99_ms": 1e3 * pct(lat, 99), "calls": len(lat)}
 
 
-def idle_memory_mb(box) -> tuple[float, float]:
-    """(container cgroup memory MB, containerd-shim RSS MB) of one idle container."""
+def idle_memory_mb(pool: ContainerPool, box) -> tuple[float, float]:
+    """(container cgroup memory MB, host-side helper RSS MB) of one idle container: Docker's containerd-shim,
+    or bwrap's two processes outside the sandbox (its monitor and the sandbox's init)."""
     cg = 0.0
-    for path in (f"/sys/fs/cgroup/memory/docker/{box.id}/memory.usage_in_bytes",
-                 f"/sys/fs/cgroup/system.slice/docker-{box.id}.scope/memory.current"):
+    paths = [f"/sys/fs/cgroup/memory/docker/{box.id}/memory.usage_in_bytes",
+             f"/sys/fs/cgroup/system.slice/docker-{box.id}.scope/memory.current",
+             f"/sys/fs/cgroup/memory/verl-agent-bwrap/{box.id}/memory.usage_in_bytes",
+             f"/sys/fs/cgroup/verl-agent-bwrap/{box.id}/memory.current"]
+    for path in paths:
         try:
             cg = int(Path(path).read_text()) / 2**20
             break
         except OSError:
             continue
-    shim = 0.0
+    helper = 0.0
+    marker = box.id if pool.runtime.name == "docker" else box.container.handle["home"]
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if box.id in (proc / "cmdline").read_text(errors="ignore") and b"shim" in (proc / "cmdline").read_bytes():
+            cmd = (proc / "cmdline").read_bytes()
+            if marker.encode() in cmd and (b"shim" in cmd or b"bwrap" in cmd):
                 for line in (proc / "status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
-                        shim += int(line.split()[1]) / 1024
+                        helper += int(line.split()[1]) / 1024
         except OSError:
             continue
-    return cg, shim
+    return cg, helper
 
 
-async def main(args: argparse.Namespace) -> dict:
+async def grades(pool: ContainerPool, task, n: int) -> list[float]:
+    """Seconds of ``grade`` (seal, tamper and disk checks, the verifier) after a one-command episode."""
+    out = []
+    for _ in range(n):
+        box = await pool.acquire(task)
+        await box.shell.run("echo 2 > /tmp/count.txt", 30)
+        t0 = time.perf_counter()
+        await asyncio.to_thread(grade, pool.runtime, box, task)
+        out.append(time.perf_counter() - t0)
+        await pool.release(box)
+    return out
+
+
+def left_behind(pool: ContainerPool) -> int:
+    """This run's containers still present: Docker's by label; bwrap's directories and mounts."""
+    if pool.runtime.name == "docker":
+        mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
+        return len(pool.runtime.client.containers.list(all=True, ignore_removed=True, filters=mine))
+    state = str(pool.runtime.state_dir)
+    dirs = [d for d in Path(state).iterdir() if not d.name.endswith(".grade")]
+    return len(dirs) + sum(state in line for line in open("/proc/mounts"))
+
+
+async def measure(runtime: str, args: argparse.Namespace) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-containers-"))
     task = load_task(make_task(root))
-    pool = ContainerPool(warm=0, max_starting=4)
+    pool = ContainerPool(runtime, warm=0, max_starting=4)
     res: dict = {}
     try:
         await pool.image_for(task)
@@ -162,14 +195,15 @@ async def main(args: argparse.Namespace) -> dict:
         res["warm"] = await warm_starts(pool, task, args.warm)
         pool.warm = 0
         await asyncio.sleep(1)
+        res["grade"] = await grades(pool, task, args.grades)
         boxes = [await pool.acquire(task) for _ in range(64)]
         await echo_rtts(boxes[:1], 20)  # warm the path
         res["c1"] = await echo_rtts(boxes[:1], 200)
         res["c16"] = await echo_rtts(boxes[:16], 40)
         res["c64"] = await echo_rtts(boxes, 20)
-        mem = [idle_memory_mb(b) for b in boxes[:8]]
+        mem = [idle_memory_mb(pool, b) for b in boxes[:8]]
         res["mem_cgroup_mb"] = statistics.mean(m[0] for m in mem)
-        res["mem_shim_mb"] = statistics.mean(m[1] for m in mem)
+        res["mem_helper_mb"] = statistics.mean(m[1] for m in mem)
         for b in boxes:
             await pool.release(b)
         res["traj"] = await trajectories(pool, task, args.trajectories, 10)
@@ -177,47 +211,59 @@ async def main(args: argparse.Namespace) -> dict:
         res["traj_warm"] = await trajectories(pool, task, args.trajectories, 10)
     finally:
         await pool.close()
-    mine = {"label": f"verl-agent.tasks.run={pool.run_id}"}
-    res["left_behind"] = len(pool.client.containers.list(all=True, ignore_removed=True, filters=mine))
+    res["left_behind"] = left_behind(pool)
     return res
 
 
-def report(r: dict) -> dict:
+def summary(r: dict) -> dict:
     ms = lambda xs, q: round(1e3 * pct(xs, q), 1)  # noqa: E731
     t, tw = r["traj"], r["traj_warm"]
-    rows = [
-        ("start cold (ms)", f"p50 {ms(r['cold'], 50)}  p99 {ms(r['cold'], 99)}  (n={len(r['cold'])})"),
-        ("start warm (ms)", f"p50 {ms(r['warm'], 50)}  p99 {ms(r['warm'], 99)}  (n={len(r['warm'])})"),
-        ("bash echo c=1 (ms)", f"p50 {ms(r['c1'], 50)}  p99 {ms(r['c1'], 99)}"),
-        ("bash echo c=16 (ms)", f"p50 {ms(r['c16'], 50)}  p99 {ms(r['c16'], 99)}"),
-        ("bash echo c=64 (ms)", f"p50 {ms(r['c64'], 50)}  p99 {ms(r['c64'], 99)}"),
-        ("64 trajectories x 10 calls, cold",
-         f"wall {t['wall_s']:.1f} s, errors {t['errors']}, bash p50 {t['bash_p50_ms']:.1f} ms "
-         f"p99 {t['bash_p99_ms']:.1f} ms"),
-        ("64 trajectories x 10 calls, warm pool",
-         f"wall {tw['wall_s']:.1f} s, errors {tw['errors']}, bash p50 {tw['bash_p50_ms']:.1f} ms "
-         f"p99 {tw['bash_p99_ms']:.1f} ms"),
-        ("memory per idle container", f"cgroup {r['mem_cgroup_mb']:.1f} MB + shim RSS {r['mem_shim_mb']:.1f} MB"),
-        ("image, second lookup (ms)", f"{1e3 * r['image_cached_s']:.1f} (no build)"),
-        ("containers left behind", str(r["left_behind"])),
-    ]
-    w = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k:<{w}}  {v}" for k, v in rows))
-    out = {
+    return {
         "start_cold_p50_ms": ms(r["cold"], 50), "start_cold_p99_ms": ms(r["cold"], 99),
         "start_warm_p50_ms": ms(r["warm"], 50), "start_warm_p99_ms": ms(r["warm"], 99),
+        "grade_p50_ms": ms(r["grade"], 50), "grade_p99_ms": ms(r["grade"], 99),
         "bash_c1_p50_ms": ms(r["c1"], 50), "bash_c1_p99_ms": ms(r["c1"], 99),
         "bash_c16_p50_ms": ms(r["c16"], 50), "bash_c16_p99_ms": ms(r["c16"], 99),
         "bash_c64_p50_ms": ms(r["c64"], 50), "bash_c64_p99_ms": ms(r["c64"], 99),
         "traj64_wall_s": round(t["wall_s"], 2), "traj64_errors": t["errors"],
         "traj64_bash_p50_ms": round(t["bash_p50_ms"], 1), "traj64_bash_p99_ms": round(t["bash_p99_ms"], 1),
         "traj64_warm_wall_s": round(tw["wall_s"], 2), "traj64_warm_errors": tw["errors"],
-        "traj64_warm_bash_p50_ms": round(tw["bash_p50_ms"], 1), "traj64_warm_bash_p99_ms": round(tw["bash_p99_ms"], 1),
-        "idle_container_cgroup_mb": round(r["mem_cgroup_mb"], 1), "idle_container_shim_mb": round(r["mem_shim_mb"], 1),
+        "traj64_warm_bash_p50_ms": round(tw["bash_p50_ms"], 1),
+        "traj64_warm_bash_p99_ms": round(tw["bash_p99_ms"], 1),
+        "idle_container_cgroup_mb": round(r["mem_cgroup_mb"], 1),
+        "idle_container_helper_mb": round(r["mem_helper_mb"], 1),
         "image_cached_ms": round(1e3 * r["image_cached_s"], 1), "containers_left": r["left_behind"],
+        "first_errors": t["first_errors"] + tw["first_errors"],
     }
-    if t["first_errors"] or tw["first_errors"]:
-        print("errors:", *t["first_errors"], *tw["first_errors"], sep="\n  ")
+
+
+ROWS = [("start cold p50 / p99 (ms)", "start_cold_p50_ms", "start_cold_p99_ms"),
+        ("start warm p50 / p99 (ms)", "start_warm_p50_ms", "start_warm_p99_ms"),
+        ("grade p50 / p99 (ms)", "grade_p50_ms", "grade_p99_ms"),
+        ("bash echo c=1 p50 / p99 (ms)", "bash_c1_p50_ms", "bash_c1_p99_ms"),
+        ("bash echo c=16 p50 / p99 (ms)", "bash_c16_p50_ms", "bash_c16_p99_ms"),
+        ("bash echo c=64 p50 / p99 (ms)", "bash_c64_p50_ms", "bash_c64_p99_ms"),
+        ("64 traj. cold: wall (s) / errors", "traj64_wall_s", "traj64_errors"),
+        ("64 traj. cold: bash p50 / p99 (ms)", "traj64_bash_p50_ms", "traj64_bash_p99_ms"),
+        ("64 traj. warm pool: wall (s) / errors", "traj64_warm_wall_s", "traj64_warm_errors"),
+        ("64 traj. warm pool: bash p50 / p99 (ms)", "traj64_warm_bash_p50_ms", "traj64_warm_bash_p99_ms"),
+        ("idle container: cgroup / host helper (MB)", "idle_container_cgroup_mb", "idle_container_helper_mb"),
+        ("image, second lookup (ms)", "image_cached_ms", None),
+        ("containers left behind", "containers_left", None)]
+
+
+def report(results: dict[str, dict]) -> dict:
+    """A column per runtime, then one JSON line: {runtime: figures}."""
+    out = {name: summary(r) for name, r in results.items()}
+    cells = [[label] + [f"{o[a]} / {o[b]}" if b else str(o[a]) for o in out.values()] for label, a, b in ROWS]
+    header = ["", *out]
+    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+    for row in [header, *cells]:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    for name, o in out.items():
+        errors = o.pop("first_errors")
+        if errors:
+            print(f"errors ({name}):", *errors, sep="\n  ")
     print(json.dumps(out))
     return out
 
@@ -228,7 +274,7 @@ from verl_agent.tasks.pool import ContainerPool
 from verl_agent.data.harbor import load_task
 
 async def main():
-    pool = ContainerPool(warm=0)
+    pool = ContainerPool("docker", warm=0)
     boxes = [await pool.acquire(load_task(sys.argv[1])) for _ in range(2)]
     print(pool.owner, flush=True)
     await asyncio.sleep(600)
@@ -263,7 +309,7 @@ async def daemon_restart() -> dict:
     trainer.stdout.readline()
     trainer.send_signal(signal.SIGKILL)
     trainer.wait()
-    pool = ContainerPool(warm=0)
+    pool = ContainerPool("docker", warm=0)
     res: dict = {}
     try:
         await pool.prewarm(task, 4)
@@ -278,8 +324,8 @@ async def daemon_restart() -> dict:
             await pool.release(b)
     finally:
         await pool.close()
-    ContainerPool(warm=0).close_sync()  # a new pool's start reaps the killed trainer's containers
-    res["left"] = len(pool.client.containers.list(all=True, ignore_removed=True,
+    ContainerPool("docker", warm=0).close_sync()  # a new pool's start reaps the killed trainer's containers
+    res["left"] = len(pool.runtime.client.containers.list(all=True, ignore_removed=True,
                                                   filters={"label": "verl-agent.tasks=1"}))
     return res
 
@@ -303,9 +349,11 @@ if __name__ == "__main__":
     p.add_argument("--cold", type=int, default=10)
     p.add_argument("--warm", type=int, default=20)
     p.add_argument("--trajectories", type=int, default=64)
+    p.add_argument("--grades", type=int, default=10, help="episodes graded for the grade row")
+    p.add_argument("--runtimes", default="docker,bwrap", help="comma-separated: a column each")
     p.add_argument("--daemon-restart", action="store_true", help="only the daemon-restart rows (see above)")
     a = p.parse_args()
     if a.daemon_restart:
         report_restart(asyncio.run(daemon_restart()))
     else:
-        report(asyncio.run(main(a)))
+        report({name: asyncio.run(measure(name, a)) for name in a.runtimes.split(",")})

@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,7 @@ class BwrapRuntime(Runtime):
         self._shells: dict[str, list[_Shell]] = {}
         self._groups: dict[str, CgroupSet] = {}
         self._guard = threading.Lock()
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="verl-agent-bwrap")
         self._janitor = _start_janitor(self.state_dir)
 
     # -- images ------------------------------------------------------------------------------
@@ -252,9 +254,11 @@ class BwrapRuntime(Runtime):
         info_r, info_w = os.pipe()
         try:
             argv = self._argv(c, command, user=user, extra=extra, env=env, info_fd=info_w)
-            proc = subprocess.Popen(argv, stdin=stdio, stdout=stdio, stderr=subprocess.STDOUT if stdio is
-                                    subprocess.PIPE else stdio, pass_fds=(info_w,), env={}, cwd="/",
-                                    preexec_fn=self._preexec(c, c.spec))  # noqa: PLW1509 - fork-safe: writes and setrlimit only
+            # --die-with-parent ties a shell to the THREAD that started it: all start from one long-lived thread
+            proc = self._spawner.submit(
+                subprocess.Popen, argv, stdin=stdio, stdout=stdio, stderr=subprocess.STDOUT if stdio is
+                subprocess.PIPE else stdio, pass_fds=(info_w,), env={}, cwd="/",
+                preexec_fn=self._preexec(c, c.spec)).result()  # noqa: PLW1509 - fork-safe: writes and setrlimit only
         except OSError as e:
             os.close(info_r)
             raise ContainerError(f"starting bwrap failed: {e}", "runtime_error") from e

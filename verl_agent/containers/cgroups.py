@@ -130,9 +130,10 @@ class CgroupSet:
 
 
 def _enable_v2(root: Path, base: Path) -> None:
-    """Make ``base`` (one level under the root) hand the memory, pids and cpu controllers to its children."""
-    base.mkdir(exist_ok=True)
-    for parent in (root, base):
+    """Make every level from the root down to ``base`` hand the memory, pids and cpu controllers on."""
+    base.mkdir(parents=True, exist_ok=True)
+    levels = [root] + [root.joinpath(*base.relative_to(root).parts[:i + 1]) for i in range(len(base.relative_to(root).parts))]
+    for parent in levels:
         have = set((parent / "cgroup.subtree_control").read_text().split())
         missing = {"memory", "pids", "cpu"} - have
         if missing:

@@ -246,13 +246,18 @@ class ContainerPool:
             return ensure_image(task, self.runtime.client, allow_internet=self.allow_internet)
         from verl_agent.containers.docker import daemon_answers
         from verl_agent.tasks.export import rootfs_for
+        from verl_agent.tasks.image import ImageError
 
-        client = docker_client() if daemon_answers() else None
+        try:  # the store's index, by the content hash of environment/: no daemon asked
+            return rootfs_for(task, self.runtime.images).ref
+        except ImageError:
+            if not daemon_answers():
+                raise
+        client = docker_client()  # built and exported once, where a daemon runs
         try:
             return rootfs_for(task, self.runtime.images, client).ref
         finally:
-            if client is not None:
-                client.close()
+            client.close()
 
     def has_image(self, task: HarborTask) -> bool:
         """Is the task's image already there (nothing to build or export)?"""

@@ -2,9 +2,11 @@
 
 Each sandbox is ``bwrap --unshare-all`` (no network interface but lo, own PID/IPC/UTS/user
 namespaces), the host's /usr read-only, a private size-limited /tmp, /var/tmp and /dev/shm, a
-read-only /dev, a clean environment, run as a dedicated non-root uid when the server is root. Where
-cgroup v1 ``memory``, ``pids`` and ``cpu`` hierarchies are writable, each sandbox gets its own group
-with limits; otherwise only rlimits apply and ``guarantees()`` says so.
+read-only /dev, a clean environment, run as a dedicated non-root uid when the server is root. bwrap and
+the control groups come from the container layer (``verl_agent.containers``: ``find_bwrap``, ``CgroupSet``),
+as the Harbor tasks' bwrap runtime's do. Where a cgroup v2 or v1 hierarchy with ``memory``, ``pids`` and
+``cpu`` is writable, each sandbox gets its own groups with limits; otherwise only rlimits apply and
+``guarantees()`` says so.
 
 Probed, not assumed: at start-up one sandbox started exactly like a worker runs the shared probe
 (``backends/probe.py``: uid, network, read-only root, capabilities, PID namespace, environment,
@@ -25,24 +27,30 @@ import logging
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import threading
-import time
 import uuid
-from pathlib import Path
 
+from verl_agent.containers.bwrap import find_bwrap
+from verl_agent.containers.cgroups import CGROUP_ROOT, CgroupSet, available
 from verl_agent.sandbox.api import DEFAULT_MEMORY_MB
 from verl_agent.sandbox.backends.base import SandboxBackend, Worker, agent_argv, shared_tmp
-from verl_agent.sandbox.backends.probe import (GUARANTEES, PROBE, SCRATCH, IsolationError, check_weaken, judge,
-                                               parse_probe, unclaimed)
+from verl_agent.sandbox.backends.probe import (
+    GUARANTEES,
+    PROBE,
+    SCRATCH,
+    IsolationError,
+    check_weaken,
+    judge,
+    parse_probe,
+    unclaimed,
+)
 from verl_agent.sandbox.languages import available_languages
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ProcessBackend"]
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 _ETC = ["/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"]
 
 
@@ -52,9 +60,10 @@ class ProcessBackend(SandboxBackend):
     def __init__(self, uid: int = 10001, memory_mb: int = DEFAULT_MEMORY_MB, pids: int = 128, cpus: float = 1.0,
                  tmpfs_mb: int = 64, nproc: int = 4096, instance_id: str | None = None,
                  weaken: frozenset[str] = frozenset()):
-        self.bwrap = shutil.which("bwrap")
-        if self.bwrap is None:
-            raise RuntimeError("process backend needs bubblewrap: apt-get install -y bubblewrap")
+        try:
+            self.bwrap = find_bwrap()
+        except Exception as e:
+            raise RuntimeError(f"process backend needs bubblewrap: {e}") from e
         self.weaken = check_weaken("process", weaken)  # test-only (probe.WEAKENINGS); never claimed
         self.uid = uid if os.geteuid() == 0 and "non_root_uid" not in self.weaken else None
         self._shared_tmp = shared_tmp(self.weaken)  # weakened private_tmp only
@@ -73,7 +82,7 @@ class ProcessBackend(SandboxBackend):
             raise
 
     def _cgroup_ok(self) -> bool:
-        return os.geteuid() == 0 and all(os.access(CGROUP_ROOT / c, os.W_OK) for c in ("memory", "pids", "cpu"))
+        return available() is not None
 
     def claimed(self) -> set[str]:
         """What this backend promises here: everything, the cgroup limits only where it can set them."""
@@ -86,7 +95,7 @@ class ProcessBackend(SandboxBackend):
     def probe(self) -> dict[str, tuple[bool, str]]:
         """Start one sandbox as a worker is started, measure every guarantee, refuse on a claimed failure."""
         name = self.new_name("verl-sbx-probe")
-        groups = self._make_cgroups(name) if self._cgroups else []
+        groups = self._make_cgroups(name) if self._cgroups else CgroupSet()
         want = {"memory": self.memory_mb << 20, "pids": self.pids, "tmp": self.tmpfs_mb << 20, "scratch": SCRATCH,
                 "cgroups_inside": False, "hold": True}
         argv = self._argv(["/usr/bin/python3", "-I", "-c", PROBE, json.dumps(want)])
@@ -113,35 +122,41 @@ class ProcessBackend(SandboxBackend):
                 if proc.stdin:
                     proc.stdin.close()
                 proc.wait()
-            _remove_groups(groups)
+            groups.remove()
         judge("process", found, self.claimed())
         logger.info("process backend %s: claimed guarantees probed and hold: %s", self.instance_id,
                     sorted(self.claimed()))
         return found
 
-    def _probe_cgroups(self, pid: int, groups: list[Path]) -> dict[str, tuple[bool, str]]:
+    def _probe_cgroups(self, pid: int, groups: CgroupSet) -> dict[str, tuple[bool, str]]:
         """The sandbox's cgroup membership and limits as the kernel reports them (``/proc/<pid>/cgroup``)."""
         if not self._cgroups:
-            why = "no writable cgroup v1 hierarchy (not claimed: rlimits only)"
+            why = "no writable cgroup hierarchy (not claimed: rlimits only)"
             return {k: (False, why) for k in ("memory_limit", "pids_limit", "cpu_limit")}
+        v2 = groups.version == "v2"
         member = {}
         with open(f"/proc/{pid}/cgroup") as f:
             for line in f.read().splitlines():
                 _, ctrls, path = line.split(":", 2)
-                for ctrl in ctrls.split(","):
+                if bool(ctrls) == v2:  # v2's one line has no controller names; a hybrid host shows both kinds
+                    continue
+                for ctrl in ctrls.split(",") if ctrls else ("memory", "pids", "cpu"):
                     member[ctrl] = path
 
         def limit(ctrl: str, key: str) -> str | None:
             try:
-                return (CGROUP_ROOT / ctrl / member.get(ctrl, "/").lstrip("/") / key).read_text().strip()
+                return (CGROUP_ROOT / ("" if v2 else ctrl) / member.get(ctrl, "/").lstrip("/") / key).read_text().strip()
             except OSError:
                 return None
 
-        rel = [g.relative_to(CGROUP_ROOT).parts for g in groups]  # (controller, "verl-sandbox", instance, name)
-        mine = {parts[0]: "/" + "/".join(parts[1:]) for parts in rel}
+        rel = [g.relative_to(CGROUP_ROOT).parts for g in groups.paths]  # ([controller,] "verl-sandbox", instance, name)
+        mine = ({c: "/" + "/".join(rel[0]) for c in ("memory", "pids", "cpu")} if v2
+                else {parts[0]: "/" + "/".join(parts[1:]) for parts in rel})
         inside = {c: member.get(c) == mine.get(c) for c in ("memory", "pids", "cpu")}
-        mem, pids = limit("memory", "memory.limit_in_bytes"), limit("pids", "pids.max")
-        cpu = limit("cpu", "cpu.cfs_quota_us")
+        mem = limit("memory", "memory.max" if v2 else "memory.limit_in_bytes")
+        pids = limit("pids", "pids.max")
+        cpu = limit("cpu", "cpu.max" if v2 else "cpu.cfs_quota_us")
+        cpu = cpu.split()[0] if cpu else cpu
         mem_ok = mem is not None and mem.isdigit() and int(mem) <= self.memory_mb << 20
         return {
             "memory_limit": (inside["memory"] and mem_ok,
@@ -194,15 +209,14 @@ class ProcessBackend(SandboxBackend):
         argv += [] if "only_scratch_writable" in weak else ["--remount-ro", "/dev"]
         return argv + ["--"] + (command or agent_argv(weaken=weak))
 
-    def _preexec(self, groups: list[Path]):
+    def _preexec(self, groups: CgroupSet):
         """Runs in the child before exec: join the cgroups (before bwrap forks), limits, drop root."""
         nproc, uid = self.nproc, self.uid
         nofile = 8192 if "fd_limit" in self.weaken else 1024
 
         def apply() -> None:
             os.setsid()
-            for group in groups:
-                (group / "cgroup.procs").write_text(str(os.getpid()))
+            groups.join()
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
@@ -215,13 +229,12 @@ class ProcessBackend(SandboxBackend):
 
     async def spawn(self) -> Worker:
         name = self.new_name("verl-sbx-proc")
-        groups = self._make_cgroups(name) if self._cgroups else []
+        groups = self._make_cgroups(name) if self._cgroups else CgroupSet()
         kwargs: dict = {"preexec_fn": self._preexec(groups), "env": self._env(), "cwd": "/"}
         try:
             proc = await self.start_process(self._argv(), **kwargs)
         except OSError:
-            for group in groups:
-                _remove_cgroup(group)
+            groups.remove()
             raise
 
         async def destroy() -> None:
@@ -230,49 +243,30 @@ class ProcessBackend(SandboxBackend):
             # the sandbox's own processes die with bwrap (--die-with-parent) a moment later (without it, in a
             # test-only weakening, only here); a group can be removed only once they are gone, so kill what
             # is left and retry for a while. Then bwrap's exit is seen once they have closed its pipes.
-            deadline = time.monotonic() + 3.0
-            while True:
-                left = [g for g in groups if not _remove_cgroup(g)]
-                if not left or time.monotonic() > deadline:
-                    break
-                for group in left:
-                    _kill_all(group)
-                await asyncio.sleep(0.02)
+            await asyncio.to_thread(groups.remove, 3.0)
             await proc.wait()
 
         return Worker(name, proc, destroy, weaken=self.weaken)
 
-    def _make_cgroups(self, name: str) -> list[Path]:
+    def _make_cgroups(self, name: str) -> CgroupSet:
         weak = self.weaken  # weakened (test-only): memory x8, pids x16, no CPU quota
-        limits = {
-            "memory": {"memory.limit_in_bytes": str((self.memory_mb * (8 if "memory_limit" in weak else 1)) << 20)},
-            "pids": {"pids.max": str(self.pids * (16 if "pids_limit" in weak else 1))},
-            "cpu": {"cpu.cfs_period_us": "100000",
-                    "cpu.cfs_quota_us": "-1" if "cpu_limit" in weak else str(int(self.cpus * 100000))},
-        }
-        made = []
-        for ctrl, files in limits.items():
-            group = CGROUP_ROOT / ctrl / "verl-sandbox" / self.instance_id / name
-            try:
-                group.mkdir(parents=True, exist_ok=True)
-                for key, value in files.items():
-                    (group / key).write_text(value)
-                made.append(group)
-            except OSError as e:
-                logger.warning("cgroup %s for %s not applied: %s", ctrl, name, e)
-        return made
+        try:
+            return CgroupSet.make(f"verl-sandbox/{self.instance_id}", name,
+                                  memory_mb=self.memory_mb * (8 if "memory_limit" in weak else 1),
+                                  pids=self.pids * (16 if "pids_limit" in weak else 1),
+                                  cpus=0 if "cpu_limit" in weak else self.cpus)
+        except OSError as e:
+            logger.warning("cgroups for %s not applied: %s", name, e)
+            return CgroupSet()
 
     def remove_stale(self) -> int:
         """Kill what is left in this instance's cgroups and remove them (never another server's)."""
-        removed = 0
-        for ctrl in ("memory", "pids", "cpu"):
-            root = CGROUP_ROOT / ctrl / "verl-sandbox" / self.instance_id
-            if not root.is_dir():
-                continue
-            groups = [p for p in root.iterdir() if p.is_dir()]
-            _remove_groups(groups, timeout=5.0)
-            removed += sum(not g.exists() for g in groups)
-            _remove_cgroup(root)
+        roots = [CGROUP_ROOT / "verl-sandbox" / self.instance_id] + [
+            CGROUP_ROOT / ctrl / "verl-sandbox" / self.instance_id for ctrl in ("memory", "pids", "cpu")]
+        groups = [p for root in roots if root.is_dir() for p in root.iterdir() if p.is_dir()]
+        CgroupSet(groups).remove(timeout=5.0)
+        removed = sum(not g.exists() for g in groups)
+        CgroupSet([root for root in roots if root.is_dir()]).remove(timeout=1.0)
         return removed
 
     async def close(self) -> None:
@@ -280,39 +274,3 @@ class ProcessBackend(SandboxBackend):
             await asyncio.to_thread(self.remove_stale)  # what is left of ours, and the instance's directory
         if self._shared_tmp:
             shutil.rmtree(self._shared_tmp, ignore_errors=True)
-
-
-def _remove_groups(groups: list[Path], timeout: float = 3.0) -> None:
-    """Kill what is left in ``groups`` until they can be removed (a group stays busy until its last
-    task is reaped; bwrap's children die a moment after bwrap with --die-with-parent)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = [g for g in groups if not _remove_cgroup(g)]
-        if not left or time.monotonic() > deadline:
-            return
-        for group in left:
-            _kill_all(group)
-        time.sleep(0.02)
-
-
-def _kill_all(group: Path) -> None:
-    try:
-        pids = (group / "cgroup.procs").read_text().split()
-    except OSError:
-        return
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-
-
-def _remove_cgroup(group: Path) -> bool:
-    try:
-        group.rmdir()
-        return True
-    except FileNotFoundError:
-        return True
-    except OSError as e:  # a group still holding a dying process; the next cleanup sweep retries
-        logger.debug("cgroup %s not removed yet: %s", group, e)
-        return False
