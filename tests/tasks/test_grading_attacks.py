@@ -179,3 +179,20 @@ async def test_the_disk_cap_is_total_not_per_file(pool, tasks):
         assert int(out[0].split()[-1]) <= 21 and not graded.forfeit
     else:  # Docker without a quota-capable driver: counted after the episode
         assert int(out[0].split()[-1]) >= 100 and graded.forfeit == DISK
+
+
+async def test_changes_read_from_the_upper_layer_are_the_daemons_diff(pool, tasks):
+    """Docker: the tamper check walks the overlay's upper layer from this host; it lists what ``docker
+    diff`` lists (added, changed and deleted paths) at a fraction of the time."""
+    if pool.runtime.name != "docker":
+        pytest.skip("the daemon's diff exists on Docker only")
+    box = await pool.acquire(tasks["root"])
+    try:
+        await box.shell.run("echo x > /usr/local/bin/new; rm -f /etc/debian_version; mkdir -p /opt/a/b; echo y > /opt/a/b/f")
+        box.shell.close()
+        c, api = box.container, pool.runtime.client.api
+        daemon = {d["Path"] for d in api.diff(c.id)} - {"/tmp", "/tmp/.verl_agent_jobs"}
+        ours = set(pool.runtime.changes(c)) - {"/tmp", "/tmp/.verl_agent_jobs"}
+        assert {"/usr/local/bin/new", "/etc/debian_version", "/opt/a/b/f"} <= ours and ours == daemon
+    finally:
+        await pool.release(box)

@@ -111,6 +111,13 @@ class VerifierRun:
     files: dict[str, bytes]  # the files the verifier left in /logs/verifier (by name)
 
 
+def upper_changes(upper: Path) -> list[str]:
+    """What an overlay's upper layer holds, as absolute paths of the merged tree: every file the container
+    added or changed, and (as whiteouts) every one it deleted."""
+    return ["/" + os.path.relpath(os.path.join(dirpath, name), upper)
+            for dirpath, dirnames, filenames in os.walk(upper) for name in dirnames + filenames]
+
+
 def is_root(user: str) -> bool:
     """Does `user` ("name", "uid" or "uid:gid"; "" = root) name root?"""
     return user in ("", "0", "root") or user.startswith(("0:", "root:"))

@@ -349,9 +349,7 @@ class BwrapRuntime(Runtime):
         return shells
 
     def changes(self, c: Container) -> list[str]:
-        upper = Path(c.handle["home"]) / "upper"
-        return ["/" + os.path.relpath(os.path.join(dirpath, name), upper)
-                for dirpath, dirnames, filenames in os.walk(upper) for name in dirnames + filenames]
+        return upper_changes(Path(c.handle["home"]) / "upper")
 
     def disk_used(self, c: Container) -> int | None:
         home = Path(c.handle["home"])

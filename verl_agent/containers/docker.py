@@ -30,22 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_agent.containers.base import (
-    AGENT_KILLED,
-    CONTAINER_DEAD,
-    LABEL,
-    OWNER_LABEL,
-    ROOT_CAPS,
-    RUN_LABEL,
-    Channel,
-    Container,
-    ContainerError,
-    ContainerSpec,
-    ContainerState,
-    Runtime,
-    VerifierRun,
-    owner_alive,
-)
+from verl_agent.containers.base import (AGENT_KILLED, CONTAINER_DEAD, LABEL, OWNER_LABEL, ROOT_CAPS, RUN_LABEL,
+                                        Channel, Container, ContainerError, ContainerSpec, ContainerState, Runtime,
+                                        VerifierRun, owner_alive, upper_changes)
 
 __all__ = ["KEEPER", "KEEPER_KILLED", "DockerRuntime", "container_kwargs", "daemon_answers", "reap"]
 
@@ -315,6 +302,11 @@ class DockerRuntime(Runtime):
             raise ContainerError(f"the container {c.id[:12]} still runs after its kill", "docker_error")
 
     def changes(self, c: Container) -> list[str]:
+        """The overlay's upper layer read from this host when the daemon is local and it can be read (a
+        walk of a few files), else the daemon's ``diff`` (which compares the layers: hundreds of ms)."""
+        upper = self.client.api.inspect_container(c.id).get("GraphDriver", {}).get("Data", {}).get("UpperDir")
+        if upper and os.access(upper, os.R_OK | os.X_OK):
+            return upper_changes(Path(upper))
         return [d["Path"] for d in self.client.api.diff(c.id) or []]
 
     def disk_used(self, c: Container) -> int | None:
