@@ -140,7 +140,8 @@ class BwrapRuntime(Runtime):
         self.images = images or ImageStore()
         self.bwrap = bwrap or find_bwrap()
         self.root = os.geteuid() == 0
-        self.cgroups = available() if self.root else None
+        self.cgroups = self._probe_cgroups() if self.root else None
+        self.tmpfs = self.root
         self.state_dir = Path(state_dir or DEFAULT_STATE)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
         self._shells: dict[str, list[_Shell]] = {}
@@ -148,6 +149,28 @@ class BwrapRuntime(Runtime):
         self._guard = threading.Lock()
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="verl-agent-bwrap")
         self._janitor = _start_janitor(self.state_dir)
+        logger.info("bwrap runtime: %s", self.limits())
+
+    def _probe_cgroups(self) -> str | None:
+        """The writable hierarchy, if a limited group can really be made here (inside a container a v2
+        hierarchy may look writable and still refuse controllers); None: rlimits only, said once."""
+        version = available()
+        if version is None:
+            return None
+        try:
+            CgroupSet.make(CGROUP_PARENT, f"probe-{os.getpid()}", memory_mb=64, pids=16, cpus=1).remove()
+        except OSError as e:
+            logger.warning("bwrap runtime: cgroup %s is not usable here (%s); memory, pids and CPU are bounded by "
+                           "rlimits only", version, e)
+            return None
+        return version
+
+    def limits(self) -> dict[str, str]:
+        """What bounds a container on this host (see the module docstring)."""
+        return {"user": "the agent's uid, files keep owners" if self.root else "one uid mapped: the agent owns all",
+                "memory_pids_cpu": f"cgroup {self.cgroups}" if self.cgroups else "rlimits (RLIMIT_AS) only",
+                "disk": "tmpfs of storage_mb (total)" if self.tmpfs else "checked after the episode",
+                "bwrap": self.bwrap}
 
     # -- images ------------------------------------------------------------------------------
 
@@ -171,11 +194,8 @@ class BwrapRuntime(Runtime):
         home.mkdir(mode=0o700)
         meta = {"labels": labels, "image": spec.image, "tmpfs": False}
         try:
-            if self.root:  # the writable layer's total size: a tmpfs of storage_mb
-                size = spec.storage_mb << 20
-                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(home)],
-                               check=True, capture_output=True, text=True)
-                meta["tmpfs"] = True
+            if self.tmpfs:  # the writable layer's total size: a tmpfs of storage_mb
+                meta["tmpfs"] = self._mount_tmpfs(home, spec.storage_mb << 20)
             (home / "upper").mkdir()
             (home / "work").mkdir()
             (home / "meta.json").write_text(json.dumps(meta))
@@ -189,6 +209,15 @@ class BwrapRuntime(Runtime):
                                  "runtime_error") from e
         user = spec.user or img.user
         return Container(cid, spec, self.name, user, img.workdir or "/", labels, {"home": str(home)})
+
+    def _mount_tmpfs(self, home: Path, size: int) -> bool:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(home)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode:
+            logger.warning("bwrap runtime: no tmpfs for the writable layers (%s); the disk is checked after the "
+                           "episode instead", done.stderr.strip())
+            self.tmpfs = False
+        return not done.returncode
 
     def destroy(self, c: Container) -> None:
         self._kill_shells(c)
