@@ -66,8 +66,10 @@ def pool(request):
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
     root = tmp_path_factory.mktemp("attacks")
-    return {"user": load_task(make_task(root, "as-user", dockerfile=SLIM_DOCKERFILE, storage_mb=20)),
-            "root": load_task(make_task(root, "as-root", dockerfile=ROOT_DOCKERFILE, storage_mb=20))}
+    return {"user": load_task(make_task(root, "as-user", dockerfile=SLIM_DOCKERFILE, storage_mb=20,
+                                        verifier_timeout=5.0)),
+            "root": load_task(make_task(root, "as-root", dockerfile=ROOT_DOCKERFILE, storage_mb=20,
+                                        verifier_timeout=5.0))}
 
 
 async def _attack(pool: ContainerPool, task, commands: list[str], *, grader=grade):
@@ -152,6 +154,21 @@ async def test_a_planted_reward_and_planted_tests_are_ignored(pool, tasks):
     graded, out = await _attack(pool, tasks["root"], [PLANTED])
     assert out[0].strip().endswith("planted")
     assert graded.reward == 0.0 and not graded.forfeit
+
+
+@pytest.mark.parametrize("target", ["/proc/1/fd", "/dev/null", "/app"])
+async def test_symlinked_tests_and_logs_cannot_derail_grading(pool, tasks, target):
+    """A grading that fails is an infrastructure failure, kept out of the loss: the agent must not be able
+    to cause one with what it leaves at /tests or /logs."""
+    graded, _ = await _attack(pool, tasks["root"], [f"ln -sfn {target} /logs; ln -sfn {target} /tests; echo done"])
+    assert graded.reward == 0.0 and not graded.forfeit
+
+
+async def test_a_fifo_the_verifier_reads_is_the_agents_zero(pool, tasks):
+    """The verifier hangs on a FIFO the agent left where the answer belongs: a forfeit, not an infrastructure
+    failure that would drop the trajectory from the loss."""
+    graded, _ = await _attack(pool, tasks["user"], ["mkfifo /app/count.txt && echo made"])
+    assert (graded.reward, graded.forfeit) == (0.0, "agent_verifier_timeout")
 
 
 async def test_killing_init_is_refused_to_a_non_root_agent(pool, tasks):

@@ -387,6 +387,8 @@ class BwrapRuntime(Runtime):
                timeout: float) -> VerifierRun:  # fmt: skip
         grading = self.state_dir / f"{c.id}.grade"
         shutil.rmtree(grading, ignore_errors=True)
+        for name in ("tests", "logs"):  # whatever the agent put there (a symlink to /proc, a whiteout) goes
+            _remove(Path(c.handle["home"]) / "upper" / name)
         try:
             uid, gid = _passwd(self._image(c.spec.image).rootfs, user or "0")
             shutil.copytree(tests_dir, grading / "tests", symlinks=True)
@@ -493,6 +495,20 @@ def _own_tree(root: Path, uid: int, gid: int) -> None:
                 os.chown(path, uid, gid)
             executable = stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111
             os.chmod(path, 0o755 if executable else 0o644)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or (path.exists() and not path.is_dir()) or path.is_char_device():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or (path.exists() and not path.is_dir()) or path.is_char_device():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
 def _remove_home(home: Path) -> None:

@@ -25,7 +25,9 @@
 6. It reads ``/logs/verifier/reward.txt`` (one number) or ``reward.json`` (``{"reward": x, ...}``: the
    other numeric keys become metrics).
 
-Infrastructure failures raise ``GradingError`` with a cause, never a 0: ``verifier_timeout``,
+A verifier that does not finish within its timeout ran on what the agent left (a FIFO, a hanging
+program): a 0 charged to the agent (``agent_verifier_timeout``); ``tasks check`` shows a task whose own
+oracle or nop times out. Infrastructure failures raise ``GradingError`` with a cause, never a 0:
 ``container_dead``, ``docker_error`` / ``runtime_error`` (the runtime failed), ``verifier_error``
 (test.sh wrote no readable reward).
 """
@@ -45,8 +47,8 @@ from verl_agent.tasks.pool import TaskContainer
 __all__ = ["FORFEITS", "TRUSTED", "VERIFIER_ENV", "Grade", "GradingError", "copy_in", "grade", "read_reward",
            "tampered"]
 
-TAMPERED, DISK = "agent_tampered_system", "agent_exceeded_disk"
-FORFEITS = (AGENT_KILLED, TAMPERED, DISK)  # a 0 charged to the agent, counted by cause
+TAMPERED, DISK, TIMEOUT = "agent_tampered_system", "agent_exceeded_disk", "agent_verifier_timeout"
+FORFEITS = (AGENT_KILLED, TAMPERED, DISK, TIMEOUT)  # a 0 charged to the agent, counted by cause
 
 # What a verifier may run from the image: the shells, interpreters and libraries, the loader's
 # configuration, Python's site hooks. Anything of the agent in here voids its grade.
@@ -137,9 +139,9 @@ def grade(runtime: Runtime, box: TaskContainer, task: HarborTask, *, timeout: fl
     except Exception as e:
         raise GradingError(f"{runtime.name} failed while grading: {type(e).__name__}: {e}",
                            f"{runtime.name}_error") from e
-    if run.exit_code is None:
-        raise GradingError(f"tests/test.sh did not finish within {limit:g} s (verifier timeout_sec)",
-                           "verifier_timeout")
+    if run.exit_code is None:  # what it ran on is the agent's: a FIFO, a hanging program, a huge tree
+        return _forfeit(TIMEOUT, f"tests/test.sh did not finish within {limit:g} s (verifier timeout_sec) on the "
+                                 f"agent's final state: {run.output[-500:]}", t0)
     try:
         reward, metrics = read_reward(run.files)
     except GradingError as e:  # what test.sh printed says why it wrote no reward

@@ -11,7 +11,7 @@ and its output (with the exit code) is the next user message; a reply with no bl
 test result (grading after the episode, as with the tools). The dataset row's ``interaction_kwargs``
 carry ``task_dir`` (a task folder in data.train_files gives it). Use this or the container tools for a
 dataset, not both: each starts its own container. A failure of the container or the verifier ends the
-trajectory as an infrastructure failure with its cause (``verifier_timeout``, ``container_dead``, ...).
+trajectory as an infrastructure failure with its cause (``container_dead``, ``verifier_error``, ...).
 """
 
 from __future__ import annotations
