@@ -120,6 +120,14 @@ class Run:
             info["cgroups_usable"] = repr(cgroups.available())
         except Exception as e:  # noqa: BLE001 - a probe: report, never fail
             info["cgroups_usable"] = f"{type(e).__name__}: {e}"
+        try:  # what the runtime itself will enforce here (it probes cgroups and tmpfs when it starts)
+            from verl_agent.containers.bwrap import BwrapRuntime
+
+            rt = BwrapRuntime()
+            info["bwrap_limits"] = rt.limits() if hasattr(rt, "limits") else None
+            rt.close()
+        except Exception as e:  # noqa: BLE001 - a probe: report, never fail
+            info["bwrap_limits"] = f"{type(e).__name__}: {e}"
         fs = Path("/proc/filesystems").read_text()
         info["overlay"], info["tmpfs"] = "overlay" in fs, "tmpfs" in fs
         bwrap = find_bwrap()
