@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "gsm8k": set(),
     "judge": set(),
     "imports": set(),
-    "containers": set(),
+    "containers": {"registry"},
     "registry": set(),
     "sandbox": {"containers"},
     "engine": {"protocol"},

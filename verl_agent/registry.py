@@ -126,8 +126,9 @@ CONTEXT_STRATEGIES: Registry[Any] = Registry(
     "context strategy", "actor_rollout_ref.rollout.multi_turn.context.strategy", ("verl_agent.rollout.context",))
 LOGGERS: Registry[Any] = Registry(
     "logger", "trainer.logger", ("verl_agent.trainer.tracking.tracker", "verl_agent.trainer.tracking.loggers"))
-# Where container runtimes (docker, bwrap) register; the package that holds them names itself in `builtins`.
-CONTAINER_RUNTIMES: Registry[Any] = Registry("container runtime", None)
+# name -> factory(**options) -> Runtime (verl_agent.containers.base); "auto" is not an entry but a choice
+CONTAINER_RUNTIMES: Registry[Any] = Registry("container runtime", "runtime (container tools' config)",
+                                             ("verl_agent.containers",))
 
 REGISTRIES: tuple[Registry[Any], ...] = (ADV_ESTIMATORS, POLICY_LOSSES, ENGINES, REWARD_MANAGERS, CONTEXT_STRATEGIES,
                                          LOGGERS, CONTAINER_RUNTIMES)

@@ -6,7 +6,8 @@
 ``base.py`` says what a runtime offers (``Runtime``, ``ContainerSpec``, ``Container``, labels and owners);
 ``docker.py`` and ``bwrap.py`` are the two runtimes; ``images.py`` keeps unpacked root filesystems for
 bwrap; ``cgroups.py`` makes limited control groups on cgroup v1 or v2. This package imports nothing
-else of verl-agent: the Harbor tasks (``verl_agent.tasks``) and the sandbox build on it.
+else of verl-agent but the registry (``CONTAINER_RUNTIMES``: a user's own runtime registers there and is
+then a valid ``runtime``): the Harbor tasks (``verl_agent.tasks``) and the sandbox build on it.
 """
 
 from __future__ import annotations
@@ -33,27 +34,39 @@ from verl_agent.containers.base import (
     owner_alive,
     owner_id,
 )
+from verl_agent.registry import CONTAINER_RUNTIMES
 
-__all__ = ["AGENT_KILLED", "CONTAINER_DEAD", "LABEL", "NODE_LABEL", "OWNER_LABEL", "ROOT_CAPS", "RUNTIMES",
+__all__ = ["AGENT_KILLED", "CONTAINER_DEAD", "LABEL", "NODE_LABEL", "OWNER_LABEL", "ROOT_CAPS",
            "RUN_LABEL", "TASK_LABEL", "Channel", "Container", "ContainerError", "ContainerSpec", "ContainerState",
-           "Runtime", "VerifierRun", "get_runtime", "is_root", "owner_alive", "owner_id"]
+           "Runtime", "VerifierRun", "get_runtime", "runtime_names", "is_root", "owner_alive", "owner_id"]
 
-RUNTIMES = ("docker", "bwrap", "auto")
+
+
+@CONTAINER_RUNTIMES.register("docker")
+def _docker(client: Any = None, **_: Any) -> Runtime:
+    from verl_agent.containers.docker import DockerRuntime
+
+    return DockerRuntime(client)
+
+
+@CONTAINER_RUNTIMES.register("bwrap")
+def _bwrap(images: Any = None, state_dir: Any = None, **_: Any) -> Runtime:
+    from verl_agent.containers.bwrap import BwrapRuntime
+
+    return BwrapRuntime(images, state_dir=state_dir)
+
+
+def runtime_names() -> list[str]:
+    """What a ``runtime`` setting accepts: the registered runtimes and ``auto``."""
+    return [*CONTAINER_RUNTIMES.names(), "auto"]
 
 
 def get_runtime(name: str = "auto", **options: Any) -> Runtime:
-    """A runtime by name: ``docker``, ``bwrap``, or ``auto`` (Docker when a daemon answers, else bwrap).
-    ``options`` go to the runtime (docker: ``client``; bwrap: ``images``, ``state_dir``)."""
-    if name not in RUNTIMES:
-        raise ValueError(f"container runtime must be one of {', '.join(RUNTIMES)}; got {name!r}")
+    """A runtime by its registered name (``docker``, ``bwrap``, a user's own), or ``auto``: Docker when a
+    daemon answers, else bwrap. ``options`` go to the runtime's factory (docker: ``client``; bwrap:
+    ``images``, ``state_dir``)."""
     if name == "auto":
         from verl_agent.containers.docker import daemon_answers
 
         name = "docker" if options.get("client") is not None or daemon_answers() else "bwrap"
-    if name == "docker":
-        from verl_agent.containers.docker import DockerRuntime
-
-        return DockerRuntime(options.get("client"))
-    from verl_agent.containers.bwrap import BwrapRuntime
-
-    return BwrapRuntime(options.get("images"), state_dir=options.get("state_dir"))
+    return CONTAINER_RUNTIMES.get(name)(**options)

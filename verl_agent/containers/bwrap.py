@@ -49,9 +49,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from verl_agent.containers.base import (CONTAINER_DEAD, OWNER_LABEL, ROOT_CAPS, RUN_LABEL, Channel, Container,
-                                        ContainerError, ContainerSpec, ContainerState, Runtime, VerifierRun,
-                                        owner_alive, upper_changes)
+from verl_agent.containers.base import (
+    CONTAINER_DEAD,
+    OWNER_LABEL,
+    ROOT_CAPS,
+    RUN_LABEL,
+    Channel,
+    Container,
+    ContainerError,
+    ContainerSpec,
+    ContainerState,
+    Runtime,
+    VerifierRun,
+    owner_alive,
+    upper_changes,
+)
 from verl_agent.containers.cgroups import CgroupSet, available
 
 __all__ = ["BwrapRuntime", "find_bwrap", "reap_state"]

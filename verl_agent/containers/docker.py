@@ -30,9 +30,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_agent.containers.base import (AGENT_KILLED, CONTAINER_DEAD, LABEL, OWNER_LABEL, ROOT_CAPS, RUN_LABEL,
-                                        Channel, Container, ContainerError, ContainerSpec, ContainerState, Runtime,
-                                        VerifierRun, owner_alive, upper_changes)
+from verl_agent.containers.base import (
+    AGENT_KILLED,
+    CONTAINER_DEAD,
+    LABEL,
+    OWNER_LABEL,
+    ROOT_CAPS,
+    RUN_LABEL,
+    Channel,
+    Container,
+    ContainerError,
+    ContainerSpec,
+    ContainerState,
+    Runtime,
+    VerifierRun,
+    owner_alive,
+    upper_changes,
+)
 
 __all__ = ["KEEPER", "KEEPER_KILLED", "DockerRuntime", "container_kwargs", "daemon_answers", "reap"]
 

@@ -21,11 +21,12 @@ from typing import Any
 __all__ = ["add_cli", "run_cli"]
 
 
-RUNTIMES = ("docker", "bwrap", "auto")
 RUNTIME_HELP = "container runtime: docker, bwrap (no daemon), or auto (docker when a daemon answers)"
 
 
 def add_cli(sub: Any) -> None:
+    from verl_agent.containers import runtime_names
+
     p = sub.add_parser("tasks", help="Harbor tasks in containers: run, check, build-bases, reap, export, import",
                        description="Harbor-format tasks: one container per trajectory, graded by the task's tests.")
     actions = p.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
@@ -38,15 +39,15 @@ def add_cli(sub: Any) -> None:
     r.add_argument("--served-model-name", default=None, help="the model name to send to an OpenAI URL")
     r.add_argument("--max-turns", type=int, default=20, help="--agent model: assistant turns at most")
     r.add_argument("--allow-internet", action="store_true", help="run a task that asks for internet access")
-    r.add_argument("--runtime", choices=RUNTIMES, default="auto", help=RUNTIME_HELP)
+    r.add_argument("--runtime", choices=runtime_names(), default="auto", help=RUNTIME_HELP)
     c = actions.add_parser("check", help="oracle must score 1 and nop 0 on every task of a folder")
     c.add_argument("folder", help="a folder of task directories (or one task directory)")
     c.add_argument("--jobs", type=int, default=4, help="tasks run at once")
     c.add_argument("--allow-internet", action="store_true", help="run tasks that ask for internet access")
-    c.add_argument("--runtime", choices=RUNTIMES, default="auto", help=RUNTIME_HELP)
+    c.add_argument("--runtime", choices=runtime_names(), default="auto", help=RUNTIME_HELP)
     actions.add_parser("build-bases", help="build the offline base images (debian:bookworm-slim, python:3.12-slim)")
     rp = actions.add_parser("reap", help="remove task containers left behind by dead runs on this host")
-    rp.add_argument("--runtime", choices=RUNTIMES, default="auto", help=RUNTIME_HELP)
+    rp.add_argument("--runtime", choices=runtime_names(), default="auto", help=RUNTIME_HELP)
     e = actions.add_parser("export", help="build every task image of a folder and write one bundle for hosts "
                            "without Docker (images.tar.zst + index.json)")
     e.add_argument("folder", help="a folder of task directories (searched recursively), or one task directory")
@@ -92,8 +93,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from verl_agent.tasks.runner import check_tasks
     from verl_agent.data.harbor import TaskError
+    from verl_agent.tasks.runner import check_tasks
 
     try:
         results = asyncio.run(check_tasks(args.folder, jobs=args.jobs, allow_internet=args.allow_internet,
@@ -115,9 +116,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from verl_agent.data.harbor import TaskError
     from verl_agent.tasks.export import export_tasks
     from verl_agent.tasks.image import ImageError
-    from verl_agent.data.harbor import TaskError
 
     try:
         res = export_tasks(args.folder, args.out, level=args.level)

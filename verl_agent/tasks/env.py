@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_agent.containers import AGENT_KILLED, ContainerError
+from verl_agent.data.harbor import HarborTask, load_task
 from verl_agent.tasks.grading import Grade, grade
 from verl_agent.tasks.pool import ContainerPool, TaskContainer
 from verl_agent.tasks.shell import ShellError, ShellResult
-from verl_agent.data.harbor import HarborTask, load_task
 
 __all__ = ["POOL_KEYS", "TaskEnvironment", "attach", "close_pool", "detach", "get_env", "get_pool", "using_pool"]
 

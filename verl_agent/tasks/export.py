@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_agent.containers.images import ImageStore, RootfsImage, normalize_ref
-from verl_agent.tasks.image import ImageError, ensure_image, environment_hash
 from verl_agent.data.harbor import HarborTask, TaskError, is_task_dir, load_task
+from verl_agent.tasks.image import ImageError, ensure_image, environment_hash
 
 __all__ = ["ARCHIVE", "INDEX", "discover_tasks", "export_tasks", "import_bundle", "rootfs_for"]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from verl_agent.tasks.env import using_pool
 from verl_agent.data.harbor import HarborTask, task_sample
+from verl_agent.tasks.env import using_pool
 
 __all__ = ["TOOLS_YAML", "run_model"]
 

@@ -44,8 +44,8 @@ from verl_agent.containers import (
     get_runtime,
     owner_id,
 )
-from verl_agent.tasks.shell import Shell, ShellError
 from verl_agent.data.harbor import HarborTask
+from verl_agent.tasks.shell import Shell, ShellError
 
 __all__ = ["ContainerError", "ContainerPool", "TaskContainer"]
 

@@ -20,9 +20,9 @@ import asyncio
 from typing import Any
 
 from verl_agent.containers import get_runtime
+from verl_agent.data.harbor import HarborTask, load_task
 from verl_agent.tasks.pool import ContainerPool, TaskContainer
 from verl_agent.tasks.shell import Shell
-from verl_agent.data.harbor import HarborTask, load_task
 
 __all__ = ["ContainerPoolActor", "NodePoolClient", "actor_name", "ensure_node_pools", "node_pool"]
 

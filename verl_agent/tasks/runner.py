@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_agent.data.harbor import TaskError, load_task
 from verl_agent.tasks.grading import copy_in, grade
 from verl_agent.tasks.image import ImageError
 from verl_agent.tasks.pool import ContainerError, ContainerPool
-from verl_agent.data.harbor import TaskError, load_task
 
 __all__ = ["AGENTS", "TaskRun", "run_task", "check_tasks"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from verl_agent.containers import RUNTIMES
+from verl_agent.containers import runtime_names
 from verl_agent.tasks.editor import EDITOR_SCHEMA, Editor
 from verl_agent.tasks.env import POOL_KEYS, attach, close_pool, detach, get_env
 from verl_agent.tasks.pool import ContainerError
@@ -87,8 +87,8 @@ class _ContainerTool(BaseTool):
                                   f"allowed: {sorted({*POOL_KEYS, *self.own_keys})}")
         self.pool_options = {k: self.config[k] for k in POOL_KEYS if k in self.config}
         runtime = self.pool_options.get("runtime", "auto")
-        if runtime not in RUNTIMES:
-            raise ToolConfigError(f"{type(self).__name__}: runtime must be one of {', '.join(RUNTIMES)}; got "
+        if runtime not in runtime_names():
+            raise ToolConfigError(f"{type(self).__name__}: runtime must be one of {', '.join(runtime_names())}; got "
                                   f"{runtime!r}")
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
