@@ -87,9 +87,11 @@ def test_tasks_check_lists_tasks_whose_oracle_or_nop_is_wrong(tmp_path, count_ta
                                                                  str(root / "no-reward-on-fail")]}
     assert f"FAIL  {root / 'bad-oracle'}  oracle scored 0.0\n    oracle run, verifier output:\n      count is 3\n" in out
     assert f"ok    {root / 'good'}" in out
-    assert (f"FAIL  {root / 'no-reward-on-fail'}  nop run has no reward file (test.sh wrote neither "
-            "/logs/verifier/reward.txt nor reward.json): test.sh must write 0 to /logs/verifier/reward.txt") in out
-    assert "    nop run, verifier output:\n      (none kept: test.sh wrote neither" in out
+    line = next(x for x in out.splitlines() if x.startswith(f"FAIL  {root / 'no-reward-on-fail'}"))
+    assert "nop run has no reward file (test.sh wrote neither /logs/verifier/reward.txt nor reward.json" in line
+    assert line.endswith("test.sh must write 0 to /logs/verifier/reward.txt when the tests fail, or every failing "
+                         "trajectory is an infrastructure failure, left out of the loss")
+    assert "test.sh (exit 0) printed: (nothing)" in line  # what the verifier said, kept
 
 
 async def test_model_agent_through_an_openai_compatible_url(chat_tokenizer, count_task, pool):

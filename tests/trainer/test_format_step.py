@@ -53,8 +53,8 @@ def _script(tok, expression: str):
 
 
 def test_one_grpo_step_with_qwen3_coder_tool_calls(make_cfg, coder_model, one_rank):
-    from verl_agent.trainer.policy import Policy
-    from verl_agent.trainer.prepare import train_seqs
+    from verl_agent.trainer.policy.policy import Policy
+    from verl_agent.trainer.policy.prepare import train_seqs
 
     cfg = make_cfg(f"actor_rollout_ref.model.path={coder_model}",
                    "actor_rollout_ref.rollout.multi_turn.format=qwen3_coder", "actor_rollout_ref.rollout.n=2",

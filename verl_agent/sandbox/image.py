@@ -6,7 +6,8 @@ user (uid 10001) is added, apt caches are dropped, and the tree is imported. The
 ``docker/`` then builds the runner on top of it via ``--build-arg BASE_IMAGE=...``.
 
 The server image (for ``verl-agent sandbox up``) is the runner image plus what the server needs,
-all taken from this machine, no download: the ``verl_agent`` sandbox package, the installed
+all taken from this machine, no download: the ``verl_agent`` sandbox package and what it imports of ours
+(the container layer, the registry), the installed
 distributions it imports (fastapi, uvicorn, httpx, pydantic, the ``docker`` SDK, with which it starts runner
 containers through the mounted Docker socket, and their dependencies, copied from this interpreter's
 site-packages; the base image's python3 has the same minor version). Its tag carries a hash of those
@@ -142,10 +143,13 @@ def _stage_server(ctx: Path) -> str:
     pkg = resources.files("verl_agent")
     with resources.as_file(pkg) as root:
         root = Path(root)
-        files.append((root / "__init__.py", site / "verl_agent" / "__init__.py"))
-        for src in sorted((root / "sandbox").rglob("*")):
-            if src.is_file() and "__pycache__" not in src.parts:
-                files.append((src, site / "verl_agent" / src.relative_to(root)))
+        # the sandbox and what it may import (tests/test_layering.py): the container layer and the registry
+        for single in ("__init__.py", "registry.py"):
+            files.append((root / single, site / "verl_agent" / single))
+        for part in ("sandbox", "containers"):
+            for src in sorted((root / part).rglob("*")):
+                if src.is_file() and "__pycache__" not in src.parts:
+                    files.append((src, site / "verl_agent" / src.relative_to(root)))
         for src, dst in files:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
