@@ -58,6 +58,19 @@ def test_tool_config_error_exits_2_without_traceback(capsys, monkeypatch, tiny_m
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
+def test_a_logger_that_cannot_open_fails_train_in_one_line_before_ray(capsys, monkeypatch, tmp_path, tiny_model_path):
+    """`verl-agent train` with MLflow's refused file store: one line with the fix, exit 1, no traceback."""
+    pytest.importorskip("mlflow")
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert main(["train", "examples/calculator/config.yaml", "trainer.logger=[console,mlflow]",
+                 f"trainer.default_local_dir={tmp_path / 'ckpt'}"]) == 1
+    err = capsys.readouterr().err
+    assert "verl-agent: error: trainer.logger=mlflow" in err and "MLFLOW_ALLOW_FILE_STORE=true" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_verl_quickstart_command_line_trains(tmp_path, tiny_model_path):
     """The quick-start command from the verl articles, run from examples/quickstart, 2 real GRPO steps.

@@ -41,11 +41,12 @@ def _split_config_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 def _cmd_train(args: argparse.Namespace) -> int:
     from verl_agent.config import load_config
     from verl_agent.trainer.loop import TrainingError, train
+    from verl_agent.trainer.tracking.loggers import LoggerConfigError
 
     path, overrides = _split_config_arg(args)
     try:
         train(load_config(path, overrides))
-    except TrainingError as e:  # the message names the step, the cause and the checkpoint to resume from
+    except (TrainingError, LoggerConfigError) as e:  # says the step, cause and checkpoint; or the logger's fix
         print(f"verl-agent: error: {e}", file=sys.stderr)
         return 1
     return 0
