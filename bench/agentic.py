@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,18 +184,39 @@ def generate_row(model, trajs: list[Trajectory], a) -> dict[str, float]:
     plen, nnew, batch = round(statistics.mean(ctx)), round(statistics.mean(new)), min(len(trajs), a.slots)
     ids = torch.randint(3, model.config.vocab_size - 1, (batch, plen), device=a.device)
     kw = {"cache_implementation": "static"} if a.device.startswith("cuda") else {}
-    for _ in range(2):  # the second (warm) call is timed
+    for call in ("first (compiles the static-cache step on CUDA)", "second (timed)"):  # the warm call is timed
         sync(a.device)
         t0 = time.perf_counter()
-        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, max_new_tokens=nnew,
-                       min_new_tokens=nnew, pad_token_id=0, **kw)  # fmt: skip
-        sync(a.device)
+        with _ticking(f"generate {batch}x({plen}+{nnew}), {call}", a.progress_every):
+            model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, max_new_tokens=nnew,
+                           min_new_tokens=nnew, pad_token_id=0, **kw)  # fmt: skip
+            sync(a.device)
         dt = time.perf_counter() - t0
     tok_s = batch * nnew / dt
     total = sum(new)
     return {"wall_s": total / tok_s, "traj_per_s": len(trajs) * tok_s / total, "gen_tok_s": tok_s,
             "prefill_tok_s": batch * plen / dt, "busy_share": 1.0, "turn_p50_s": dt, "turn_p99_s": dt,
             "prefill_saved": 0.0, "gen_tokens": float(total), "shape": f"{batch}x({plen}+{nnew})"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _ticking(what: str, every: float):  # noqa: ANN202 - a context manager
+    """A blocking call says it runs: a stderr line at its start, every `every` s, and at its end."""
+    t0, done = time.perf_counter(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every):
+            print(f"# {what}: running for {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+    print(f"# {what}: started", file=sys.stderr, flush=True)
+    t = threading.Thread(target=tick, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
+        print(f"# {what}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
 
 def sync(device: str) -> None:
