@@ -21,6 +21,10 @@ hidden states of the response positions straight into log-probs, a chunk of
 rows at a time (`losses.chunked_log_probs`), inside the model's own forward so
 FSDP gathers and reduces the head's weight as usual.
 
+Shared prefixes (`shared_prefix.py`): with ``MicroBatching.shared_prefix`` > 0, sequences that start with
+at least that many equal tokens (a GRPO group's prompt) are cut into micro-batches as packs and run as one
+row each, their common prefix once; the outputs equal the padded rows' (tests/trainer/test_shared_prefix.py).
+
 On-policy shortcut: a sequence whose ``old_log_probs`` is None is trained
 against its own current log-probs, detached (ratio 1: the PPO gradient at
 ratio 1 without a separate forward pass).
@@ -40,9 +44,14 @@ from verl_agent.trainer.algorithms import actor_loss, entropy_from_logits, value
 from verl_agent.trainer.algorithms.losses import chunked_log_probs
 from verl_agent.trainer.policy.batch import TrainSeq, pad_field
 from verl_agent.trainer.policy.prepare import add_rollout_is_stats, rollout_is_metrics, rollout_is_weights
+from verl_agent.trainer.policy.shared_prefix import Pack, pack_sequences, packed_batch, supports_packing
 
-__all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "forward_values", "micro_batches", "reduce_op",
+__all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "model_inputs", "shared_packs", "forward_values", "micro_batches", "reduce_op",
            "update_actor", "update_critic"]
+
+# A pack's row attends through a [W, W] mask (the attention kernels do not skip its masked blocks): packs stay
+# below this width so that the mask and the attention over it stay small beside the activations.
+MAX_PACK_TOKENS = 8192
 
 _Z = torch.zeros(1)
 # Stands in for an empty micro-batch so that every rank runs the same collectives; its loss mask is 0.
@@ -57,6 +66,7 @@ class MicroBatching:
     dynamic: bool = True
     max_tokens: int = 4096
     per_gpu: int = 4
+    shared_prefix: int = 0  # leading tokens sequences must share to run as one row (0: padded rows only)
 
 
 def _all_reduce(t: Tensor, op=dist.ReduceOp.SUM) -> Tensor:
@@ -75,15 +85,24 @@ def reduce_op(t: Tensor, op: str = "sum") -> Tensor:
 
 
 def micro_batches(seqs: list[TrainSeq], mb: MicroBatching) -> list[list[TrainSeq]]:
-    """Micro-batches of this rank, padded with empty ones to the max count over ranks."""
-    lengths = [s.num_tokens for s in seqs]
-    if mb.dynamic:
-        groups = split_padded(lengths, mb.max_tokens)
+    """Micro-batches of this rank, padded with empty ones to the max count over ranks.
+
+    With ``mb.shared_prefix`` the units are packs (`pack_sequences`): a pack's members land in one micro-batch,
+    and the token budget counts the packed row, not the rows it replaces.
+    """
+    if mb.shared_prefix > 0 and len(seqs) > 1:
+        cap = min(mb.max_tokens, MAX_PACK_TOKENS) if mb.dynamic else MAX_PACK_TOKENS
+        packs = pack_sequences(seqs, mb.shared_prefix, cap)
+        units, lengths = [p.seqs for p in packs], [p.num_tokens for p in packs]
     else:
-        groups = [list(range(i, min(i + mb.per_gpu, len(seqs)))) for i in range(0, len(seqs), mb.per_gpu)]
-    count = _all_reduce(torch.tensor([len(groups)]), dist.ReduceOp.MAX)
-    groups += [[] for _ in range(int(count) - len(groups))]
-    return [[seqs[i] for i in g] for g in groups]
+        units, lengths = [[s] for s in seqs], [s.num_tokens for s in seqs]
+    if mb.dynamic:
+        out = [[s for i in g for s in units[i]] for g in split_padded(lengths, mb.max_tokens)]
+    else:
+        flat = [s for u in units for s in u]
+        out = [flat[i : i + mb.per_gpu] for i in range(0, len(flat), mb.per_gpu)]
+    count = _all_reduce(torch.tensor([len(out)]), dist.ReduceOp.MAX)
+    return out + [[] for _ in range(int(count) - len(out))]
 
 
 def split_padded(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -151,33 +170,58 @@ def _fused_head(model: nn.Module) -> LogProbHead | None:
     return head
 
 
+def shared_packs(model: nn.Module, seqs: list[TrainSeq], shared_prefix: int) -> list[Pack] | None:
+    """`seqs` as packs when some share ``shared_prefix`` (> 0) leading tokens and the model takes packed rows;
+    else None (padded rows)."""
+    if shared_prefix <= 0 or len(seqs) < 2 or not supports_packing(model):
+        return None
+    packs = pack_sequences(seqs, shared_prefix, MAX_PACK_TOKENS)
+    return packs if any(len(p.seqs) > 1 for p in packs) else None
+
+
+def model_inputs(model: nn.Module, seqs: list[TrainSeq], device: torch.device, shared_prefix: int = 0
+                 ) -> tuple[dict[str, Tensor], Tensor, Tensor, list[TrainSeq]]:  # fmt: skip
+    """The forward's keyword inputs for `seqs`, the flat indices of the positions that predict each response
+    token and the targets there, and the sequences in the order of those rows: packed rows where
+    `shared_packs` gives packs, else one right-padded row per sequence."""
+    packs = shared_packs(model, seqs, shared_prefix)
+    if packs is None:
+        ids, mask, rows = padded_batch(seqs, device)
+        return {"input_ids": ids, "attention_mask": mask}, rows, ids.view(-1)[rows + 1], seqs
+    ids, pos, mask, rows, targets, order = packed_batch(packs, device)
+    if model.config._attn_implementation == "eager":  # eager attention adds its mask to the scores
+        mask = torch.zeros(mask.shape, device=device).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    return {"input_ids": ids, "position_ids": pos, "attention_mask": mask}, rows, targets, order
+
+
 def forward_log_probs(model: nn.Module, seqs: list[TrainSeq], temperature: float, device: torch.device,
                       with_entropy: bool = False, chunk_tokens: int = 2048, fused: bool = True,
-                      ) -> tuple[list[Tensor], list[Tensor] | None]:
-    """Per-sequence log-probs of the response tokens (and entropies), from ONE forward of a padded batch.
+                      shared_prefix: int = 0) -> tuple[list[Tensor], list[Tensor] | None]:  # fmt: skip
+    """Per-sequence log-probs of the response tokens (and entropies), from ONE forward of the micro-batch.
 
     Only the response positions reach the vocabulary projection, which runs ``chunk_tokens`` rows at a
     time, so fp32 logits exist for at most one chunk. ``fused=False`` takes the plain path (full logits,
-    then log-softmax), kept as the reference.
+    then log-softmax), kept as the reference. ``shared_prefix``: see `model_inputs`.
     """
     real = seqs or [_DUMMY]
-    ids, mask, rows = padded_batch(real, device)
-    targets = ids.view(-1)[rows + 1]
-    sizes = [s.response_len for s in real]
+    inputs, rows, targets, order = model_inputs(model, real, device, shared_prefix)
     head = _fused_head(model) if fused else None
     if head is not None:
         head.request = (rows, targets, temperature, with_entropy, chunk_tokens)
         try:
-            out = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[0]
+            out = model(**inputs, use_cache=False).logits[0]
         finally:
             head.request = None
         logp, ent = out[:, 0], (out[:, 1] if with_entropy else None)
     else:
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        logits = model(**inputs, use_cache=False).logits
         picked = logits.reshape(-1, logits.shape[-1])[rows].float() / (temperature if temperature > 0 else 1.0)
         logp = picked.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
         ent = entropy_from_logits(picked) if with_entropy else None
-    return list(logp.split(sizes)), (list(ent.split(sizes)) if ent is not None else None)
+    sizes = [s.response_len for s in order]
+    at = {id(s): i for i, s in enumerate(order)}
+    back = lambda parts: [parts[at[id(s)]] for s in real]  # noqa: E731 - rows came in `order`
+    return back(logp.split(sizes)), (back(ent.split(sizes)) if ent is not None else None)
 
 
 def forward_values(critic: nn.Module, seqs: list[TrainSeq], device: torch.device) -> list[Tensor]:
@@ -236,14 +280,18 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
     sums: dict[str, float | Tensor] = defaultdict(float)
     is_stats = torch.zeros(4, dtype=torch.float64, device=device)  # see prepare.add_rollout_is_stats
     widest = 0  # padded tokens of the largest micro-batch: what the memory plan budgets (trainer/memory.py)
+    run = shared = 0  # the micro-batches' tokens (unpadded), and the repeats of shared prefixes among them
     model.train()
     for _ in range(cfg.ppo_epochs):
         for mini in _chunks(seqs, n_minibatches):
             gtok, gseq = _global_counts(mini)
             for micro in micro_batches(mini, mb):
                 widest = max(widest, len(micro) * max((s.num_tokens for s in micro), default=0))
+                packs = shared_packs(model, micro, mb.shared_prefix)
+                run += sum(s.num_tokens for s in micro)
+                shared += sum(p.saved_tokens for p in packs) if packs else 0
                 loss, m = _actor_loss(model, micro or [_DUMMY], cfg, temperature, device, gtok, gseq,
-                                      loss_scale_factor, rollout_is, is_stats)
+                                      loss_scale_factor, rollout_is, is_stats, mb.shared_prefix)
                 loss.backward()
                 tokens = float(sum(s.loss_mask.sum() for s in micro))
                 for k, v in m.items():
@@ -253,6 +301,8 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
             sums["_steps"] += 1
     out = _finish(sums)
     out["perf/max_micro_batch_tokens"] = float(widest)
+    out["perf/update_tokens"] = float(run - shared)  # what the forward passes ran
+    out["perf/update_tokens_shared"] = float(shared)  # what they did not run again
     if device.type == "cpu":
         release_host_memory()
     if rollout_is is not None:
@@ -274,7 +324,7 @@ def release_host_memory() -> None:
 
 def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float, device: torch.device,
                 gtok: float, gseq: float, loss_scale_factor: float, rollout_is: tuple[str, float] | None = None,
-                is_stats: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                is_stats: Tensor | None = None, shared_prefix: int = 0) -> tuple[Tensor, dict[str, Tensor]]:
     """The actor objective of one micro-batch; a missing old log-prob is the current one, detached.
 
     On that on-policy shortcut no separate log-prob pass ran, so the health metrics it would have
@@ -283,7 +333,7 @@ def _actor_loss(model: nn.Module, real: list[TrainSeq], cfg, temperature: float,
     """
     on_policy = real[0].old_log_probs is None
     logp, ent = forward_log_probs(model, real, temperature, device,
-                                  with_entropy=cfg.entropy_coeff != 0 or on_policy)
+                                  with_entropy=cfg.entropy_coeff != 0 or on_policy, shared_prefix=shared_prefix)
     kl_coef = cfg.kl_loss_coef if cfg.use_kl_loss else 0.0
     logp = pad_field(logp)
     mask = _pad([s.loss_mask for s in real], device)

@@ -86,11 +86,13 @@ class Policy:
                              rc.reshard_after_forward, rc.param_offload)
         # the micro-batch token budget and the engine's KV budget that fit this device (collective)
         self.memory = plan_memory(cfg, self.actor, device, [m for m in (self.actor, self.ref) if m is not None])
-        self.mb = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens, a.ppo_micro_batch_size_per_gpu)
+        share = a.shared_prefix_min_tokens
+        self.mb = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens, a.ppo_micro_batch_size_per_gpu, share)
         self.mb_log_prob = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens,
-                                         arr.rollout.log_prob_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu)
+                                         arr.rollout.log_prob_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu,
+                                         share)
         self.mb_ref = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens,
-                                    arr.ref.log_prob_micro_batch_size_per_gpu or self.mb_log_prob.per_gpu)
+                                    arr.ref.log_prob_micro_batch_size_per_gpu or self.mb_log_prob.per_gpu, share)
         self.critic: torch.nn.Module | None = None
         if needs_critic(cfg.algorithm.adv_estimator):
             self._build_critic()
@@ -124,6 +126,7 @@ class Policy:
         critic = ValueModel(path, self.cfg.actor_rollout_ref.model.dtype, c.model.enable_gradient_checkpointing)
         self.critic = shard(critic.to(self.device), self.mesh, self.device.type)
         self.critic_optim, self.critic_sched = self._optimizer(self.critic, c.optim)
+        # the critic's value head reads padded rows (ValueModel takes no position ids): no shared prefixes
         self.mb_critic = MicroBatching(self.mb.dynamic, self.mb.max_tokens, c.ppo_micro_batch_size_per_gpu)
 
     def memory_plan_info(self) -> dict[str, int]:
@@ -160,7 +163,8 @@ class Policy:
         if from_actor:
             self.actor.eval()
             for micro in micro_batches(seqs, self.mb_log_prob):
-                logp, ent = forward_log_probs(self.actor, micro, temp, self.device, with_entropy=True)
+                logp, ent = forward_log_probs(self.actor, micro, temp, self.device, with_entropy=True,
+                                              shared_prefix=self.mb_log_prob.shared_prefix)
                 for s, lp, e in zip(micro, logp, ent):
                     s.old_log_probs, s.extra["entropy"] = lp.float().cpu(), e.float().cpu()
         elif arr.actor.old_log_prob_source == "rollout":
@@ -180,7 +184,8 @@ class Policy:
         self.actor.eval()
         with reference_of(self.actor) if self.ref is None else contextlib.nullcontext(self.ref) as ref:
             for micro in micro_batches(seqs, self.mb_ref):
-                for s, lp in zip(micro, forward_log_probs(ref, micro, temp, self.device)[0]):
+                logp, _ = forward_log_probs(ref, micro, temp, self.device, shared_prefix=self.mb_ref.shared_prefix)
+                for s, lp in zip(micro, logp):
                     s.ref_log_probs = lp.float().cpu()
 
     def compute_advantages(self, seqs: list[TrainSeq], kl_coef: float) -> tuple[list[TrainSeq], AdvantageResult]:

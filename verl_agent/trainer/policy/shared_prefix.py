@@ -1,0 +1,136 @@
+"""Shared-prefix packing: sequences that start with the same tokens are run as ONE row, their common prefix once.
+
+In GRPO the n samples of a prompt share it, and in agent work the prompt (system prompt, tool schemas, task)
+is long; a multi-turn group can also share its first turns, and the segments after a context rewrite share
+the task. A padded batch runs that prefix n times, forward and backward. Here a *pack* lays out
+
+    [ prefix (P tokens) | suffix of sequence 1 | suffix of sequence 2 | ... ]
+
+with position ids that restart at P for every suffix and a 4-D attention mask in which the prefix is causal
+and each suffix sees the whole prefix and itself (causally), nothing of its siblings. Every position then
+computes exactly what it computes in the sequence's own padded row (same tokens before it, same positions),
+so log-probs, losses and gradients equal the unshared ones within float tolerance; the prefix's activations
+receive the gradients of every suffix that reads them. The position that predicts a sequence's first suffix
+token sits in the prefix and is read once per sequence, each with its own target.
+
+Packs are cut from a micro-batch's (or mini-batch's) sequences by sorting them and walking their longest
+common prefixes (`pack_sequences`); a sequence with no long enough shared prefix is a pack of its own, i.e.
+its plain padded row. The layout needs a model that takes a custom 4-D mask and position ids on every layer
+(`supports_packing`: sdpa or eager attention, no sliding-window layers); other models keep padded rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from verl_agent.trainer.policy.batch import TrainSeq
+
+__all__ = ["Pack", "pack_sequences", "packed_batch", "supports_packing"]
+
+
+@dataclass
+class Pack:
+    """Sequences run as one row: ``prefix_len`` tokens shared by all of them, then each one's own suffix."""
+
+    seqs: list[TrainSeq]
+    prefix_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the packed row."""
+        return self.prefix_len + sum(s.num_tokens - self.prefix_len for s in self.seqs)
+
+    @property
+    def saved_tokens(self) -> int:
+        """Tokens the padded layout would run in addition: the prefix's repeats."""
+        return self.prefix_len * (len(self.seqs) - 1)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def pack_sequences(seqs: list[TrainSeq], min_shared: int, max_tokens: int | None = None) -> list[Pack]:
+    """Cut `seqs` into packs: sequences sharing at least `min_shared` leading tokens go together, and a pack
+    grows only while its row stays within `max_tokens` (a micro-batch's budget). The shared prefix stops at
+    least one token before each member's end, so every member keeps a suffix of its own.
+
+    Order: sequences sorted by their tokens (equal prefixes are neighbours); a pack's members keep that order.
+    """
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].input_ids)
+    packs: list[Pack] = []
+    for i in order:
+        s = seqs[i]
+        if packs and len(packs[-1].seqs) and min_shared > 0:
+            last = packs[-1]
+            shared = min(last.prefix_len if len(last.seqs) > 1 else last.seqs[0].num_tokens - 1,
+                         _common_prefix(last.seqs[-1].input_ids, s.input_ids), s.num_tokens - 1)
+            grown = shared + sum(x.num_tokens - shared for x in last.seqs) + s.num_tokens - shared
+            if shared >= min_shared and (max_tokens is None or grown <= max_tokens):
+                last.seqs.append(s)
+                last.prefix_len = shared
+                continue
+        packs.append(Pack([s], s.num_tokens))
+    for p in packs:
+        if len(p.seqs) == 1:  # a pack of one is the sequence's own row
+            p.prefix_len = p.seqs[0].num_tokens
+    return packs
+
+
+def packed_batch(packs: list[Pack], device: torch.device | str
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, list[TrainSeq]]:  # fmt: skip
+    """The model inputs of `packs` as [B, W] rows, one per pack, right-padded:
+
+    input_ids [B, W], position_ids [B, W], attention_mask [B, 1, W, W] (bool, True = may attend), the flat
+    indices (into B*W) of the positions that predict each sequence's response tokens, and the targets at them;
+    sequences in pack order (the order the per-sequence outputs come back in).
+    """
+    width = max(p.num_tokens for p in packs)
+    ids = torch.zeros(len(packs), width, dtype=torch.long)
+    pos = torch.zeros(len(packs), width, dtype=torch.long)
+    seg = torch.full((len(packs), width), -1, dtype=torch.long)  # 0 prefix, k>0 the k-th suffix, -1 padding
+    rows, targets, order = [], [], []
+    for b, p in enumerate(packs):
+        P = p.prefix_len
+        first = p.seqs[0].input_ids
+        ids[b, :P] = torch.as_tensor(first[:P])
+        pos[b, :P] = torch.arange(P)
+        seg[b, :P] = 0
+        at = P
+        for k, s in enumerate(p.seqs, start=1):
+            tail = s.input_ids[P:]
+            ids[b, at : at + len(tail)] = torch.as_tensor(tail, dtype=torch.long)
+            pos[b, at : at + len(tail)] = torch.arange(P, s.num_tokens)
+            seg[b, at : at + len(tail)] = k
+            # token t (t >= prompt_len) is predicted at sequence position t-1: in the prefix when t-1 < P
+            t = torch.arange(s.prompt_len, s.num_tokens)
+            rows.append(b * width + torch.where(t - 1 < P, t - 1, at + (t - 1 - P)))
+            targets.append(torch.as_tensor(s.input_ids[s.prompt_len :], dtype=torch.long))
+            order.append(s)
+            at += len(tail)
+    q, k = seg[:, :, None], seg[:, None, :]
+    mask = (pos[:, None, :] <= pos[:, :, None]) & (k >= 0) & (q >= 0) & ((k == 0) | (k == q))
+    mask |= torch.eye(width, dtype=torch.bool)  # a padding row attends to itself (no row without a key: no NaN)
+    return (ids.to(device), pos.to(device), mask[:, None].to(device), torch.cat(rows).to(device),
+            torch.cat(targets).to(device), order)
+
+
+def supports_packing(model: nn.Module) -> bool:
+    """Does every layer of `model` take the packed layout's 4-D mask and position ids as given?
+
+    sdpa and eager attention use a custom 4-D mask as it is; flash-attention kernels take none, and models with
+    sliding-window layers would apply the one mask to both kinds of layer.
+    """
+    conf = getattr(model, "config", None)
+    if conf is None or getattr(conf, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return False
+    if "sliding_attention" in (getattr(conf, "layer_types", None) or []):
+        return False
+    return not (getattr(conf, "use_sliding_window", False) and getattr(conf, "sliding_window", None))
