@@ -279,16 +279,17 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
     """
     sums: dict[str, float | Tensor] = defaultdict(float)
     is_stats = torch.zeros(4, dtype=torch.float64, device=device)  # see prepare.add_rollout_is_stats
-    widest = 0  # padded tokens of the largest micro-batch: what the memory plan budgets (trainer/memory.py)
-    run = shared = 0  # the micro-batches' tokens (unpadded), and the repeats of shared prefixes among them
+    widest = 0  # padded tokens of the largest micro-batch's rows: what the memory plan budgets (trainer/memory.py)
+    run = shared = 0  # the tokens the forward passes ran (unpadded), and the prefix repeats they did not run
     model.train()
     for _ in range(cfg.ppo_epochs):
         for mini in _chunks(seqs, n_minibatches):
             gtok, gseq = _global_counts(mini)
             for micro in micro_batches(mini, mb):
-                widest = max(widest, len(micro) * max((s.num_tokens for s in micro), default=0))
                 packs = shared_packs(model, micro, mb.shared_prefix)
-                run += sum(s.num_tokens for s in micro)
+                rows = [p.num_tokens for p in packs] if packs else [s.num_tokens for s in micro]
+                widest = max(widest, len(rows) * max(rows, default=0))
+                run += sum(rows)
                 shared += sum(p.saved_tokens for p in packs) if packs else 0
                 loss, m = _actor_loss(model, micro or [_DUMMY], cfg, temperature, device, gtok, gseq,
                                       loss_scale_factor, rollout_is, is_stats, mb.shared_prefix)
@@ -301,8 +302,8 @@ def update_actor(model: nn.Module, optimizer: torch.optim.Optimizer, seqs: list[
             sums["_steps"] += 1
     out = _finish(sums)
     out["perf/max_micro_batch_tokens"] = float(widest)
-    out["perf/update_tokens"] = float(run - shared)  # what the forward passes ran
-    out["perf/update_tokens_shared"] = float(shared)  # what they did not run again
+    out["perf/update_tokens"] = float(run)
+    out["perf/update_tokens_shared"] = float(shared)
     if device.type == "cpu":
         release_host_memory()
     if rollout_is is not None:

@@ -92,7 +92,7 @@ def packed_batch(packs: list[Pack], device: torch.device | str
     indices (into B*W) of the positions that predict each sequence's response tokens, and the targets at them;
     sequences in pack order (the order the per-sequence outputs come back in).
     """
-    width = max(p.num_tokens for p in packs)
+    width = -(-max(p.num_tokens for p in packs) // 8) * 8  # attention kernels want the mask's rows 8-aligned
     ids = torch.zeros(len(packs), width, dtype=torch.long)
     pos = torch.zeros(len(packs), width, dtype=torch.long)
     seg = torch.full((len(packs), width), -1, dtype=torch.long)  # 0 prefix, k>0 the k-th suffix, -1 padding
