@@ -383,7 +383,7 @@ class SGLangConfig(Section):
 
 class AgentFunctionConfig(Section):
     """actor_rollout_ref.rollout.agent: train your own agent function through the OpenAI-compatible endpoint
-    (verl_agent/rollout/agent_function.py; docs/openai_agents.md)."""
+    (verl_agent/rollout/openai/agent_function.py; docs/openai_agents.md)."""
 
     entrypoint: str | None = Field(None, description="'module:function' or 'path/file.py:function', an async "
                                    "run_agent(sample, base_url, api_key); None: the native agent loop")

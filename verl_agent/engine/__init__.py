@@ -1,5 +1,6 @@
-"""The inference engine: the `Engine` contract, the HF engine (continuous batching over a slot KV cache),
-the SGLang engine, and tensor handles for weight transfer.
+"""The inference engine: the `Engine` contract; the engines that meet it (`backends/`: HF, SGLang, scripted);
+the HF engine's machinery (continuous batching over a slot KV cache, the model runner, its memory); and
+tensor handles for weight transfer.
 
 Heavy modules (torch, transformers) load on first attribute access.
 """
@@ -25,9 +26,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "HFEngine": "verl_agent.engine.hf_engine",
-    "SGLangEngine": "verl_agent.engine.sglang_engine",
-    "ScriptedEngine": "verl_agent.engine.scripted",
+    "HFEngine": "verl_agent.engine.backends.hf_engine",
+    "SGLangEngine": "verl_agent.engine.backends.sglang_engine",
+    "ScriptedEngine": "verl_agent.engine.backends.scripted",
 }
 
 

@@ -1,6 +1,7 @@
 """Rollout: the agent side. The multi-turn agent loop, the rollout stream (continuous rollouts that pause
-for weight swaps), the OpenAI-compatible endpoint and its recorder, tool observations, and `build`, which
-turns a config into all of these over an engine from `verl_agent.engine`.
+for weight swaps), tool observations, `openai/` (the OpenAI-compatible endpoint and its recorder, and the
+tool loop over someone else's Chat Completions server), `evaluation/` (`verl-agent rollout` and `eval`), and
+`build`, which turns a config into all of these over an engine from `verl_agent.engine`.
 
 Heavy modules load on first attribute access.
 """
