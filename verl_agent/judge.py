@@ -5,7 +5,7 @@
     reward = judge.score_sync(...)                                                         # from sync code
 
 Any OpenAI-compatible server works (vLLM, SGLang, our own `rollout/openai/openai_server.py`). Configured in
-``reward_model`` (``enable``, ``model.path``, ``judge.*``; see config.py), the judge is the reward function;
+``reward_model`` (``enable``, ``model.path``, ``judge.*``; see config/reward.py), the judge is the reward function;
 a user's ``compute_score`` may also call one itself.
 
 - Rubric: ``scoring_prompt`` is sent as the one user message, with ``{prompt}``, ``{response}``,
