@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "containers": {"registry"},
     "registry": set(),
     "sandbox": {"containers"},
-    "engine": {"protocol"},
+    "engine": {"protocol", "imports"},  # imports: the lazy attributes of engine/__init__.py
     "chat": {"protocol"},
     "formats": {"protocol"},
     "parsers": {"protocol", "formats"},
@@ -169,7 +169,7 @@ def test_the_rule_refuses_upward_and_sideways_imports():
 
 
 def test_imports_follow_the_layering_rule():
-    """(a) CONTRIBUTING.md's layering: e.g. protocol imports nothing of ours, engine only protocol, tools only
+    """(a) CONTRIBUTING.md's layering: e.g. protocol imports nothing of ours, engine only protocol (and imports), tools only
     sandbox.api/client of the sandbox, and nothing but cli (and __main__) imports trainer or cli."""
     bad = sorted(f"{m.name} imports {t}" for m in MODULES.values() for t in m.imports if not _allowed(m, t))
     assert bad == [], "imports against the layering rule:\n  " + "\n  ".join(bad)

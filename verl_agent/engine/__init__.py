@@ -7,11 +7,9 @@ Heavy modules (torch, transformers) load on first attribute access.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from verl_agent.engine.contract import Engine, EngineContractError, GenerateOutput, SamplingParams, check_engine
 from verl_agent.engine.settings import HFEngineSettings
+from verl_agent.imports import lazy_attributes
 
 __all__ = [
     "Engine",
@@ -31,8 +29,4 @@ _LAZY = {
     "ScriptedEngine": "verl_agent.engine.backends.scripted",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'verl_agent.engine' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

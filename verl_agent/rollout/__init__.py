@@ -8,8 +8,7 @@ Heavy modules load on first attribute access.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from verl_agent.imports import lazy_attributes
 
 __all__ = ["AgentLoop", "summarize"]
 
@@ -18,8 +17,4 @@ _LAZY = {
     "summarize": "verl_agent.rollout.metrics",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'verl_agent.rollout' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
