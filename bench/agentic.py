@@ -127,7 +127,7 @@ async def run_engine(engine, trajs: list[Trajectory], sessions: bool,
 async def engine_row(model, row: str, trajs, warm, a) -> dict[str, float]:
     from baselines import PerBatchEngine
 
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     max_len = a.prompt_len + a.max_turns * (a.turn_max + a.tool_max)
     kw = {"device": a.device, "stop_on_eos": False, "seed": 0}

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from verl_agent.engine.contract import GenerateOutput, SamplingParams
-from verl_agent.engine.hf_engine import _eos_ids, _pad_id
+from verl_agent.engine.backends.hf_engine import _eos_ids, _pad_id
 from verl_agent.engine.sampling import RowParams, row_rng, sample
 
 __all__ = ["PerBatchEngine"]

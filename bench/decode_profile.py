@@ -64,7 +64,7 @@ async def main() -> None:
     a = p.parse_args()
     from transformers import AutoConfig
 
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     cfg = AutoConfig.from_pretrained(a.model_dir)
     engine = HFEngine(str(a.model_dir), device="cuda", dtype="bfloat16", stop_on_eos=False, max_num_seqs=a.rows,

@@ -58,7 +58,7 @@ async def measure(shape: str, mode: str, args) -> dict:
     import torch
 
     from verl_agent.engine.contract import SamplingParams
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     dtype = getattr(torch, args.dtype)
     model = build_model(shape, dtype)

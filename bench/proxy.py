@@ -40,8 +40,8 @@ def _setup(turns: int):
 
     from verl_agent.models.tiny import build_tiny
     from verl_agent.parsers import get_parser
-    from verl_agent.rollout.openai_server import OpenAIServer
-    from verl_agent.engine.scripted import ScriptedEngine
+    from verl_agent.rollout.openai.openai_server import OpenAIServer
+    from verl_agent.engine.backends.scripted import ScriptedEngine
 
     tok = AutoTokenizer.from_pretrained(build_tiny())
 
@@ -68,7 +68,7 @@ async def _agent_openai(client, messages, turns):
 
 
 async def _agent_inprocess(server, sid, messages, turns):
-    from verl_agent.rollout.openai_wire import completion_body
+    from verl_agent.rollout.openai.openai_wire import completion_body
 
     for _ in range(turns):
         req, reply = await server.complete(sid, {"model": "policy", "messages": messages, "tools": TOOLS})

@@ -36,7 +36,7 @@ def bench_loop(n_traj: int) -> dict[str, float]:
     from verl_agent.protocol import Message, Sample
     from verl_agent.rollout.agent_loop import AgentLoop
     from verl_agent.engine.contract import SamplingParams
-    from verl_agent.engine.scripted import ScriptedEngine
+    from verl_agent.engine.backends.scripted import ScriptedEngine
     from verl_agent.tools import CalculatorTool
 
     tok = train_tokenizer(["What is 12 * 37? The answer is 444. calculator expression arguments name"] * 50, 400)
@@ -83,7 +83,7 @@ def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repe
     from baselines import PerBatchEngine
 
     from verl_agent.engine.contract import SamplingParams
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     if per_batch:
         engine = PerBatchEngine(model, device=device, max_batch_size=batch, stop_on_eos=False)

@@ -7,7 +7,7 @@ from typing import Any
 
 from verl_agent.chat import ChatEncoder
 from verl_agent.protocol import Message, Sample, Trajectory
-from verl_agent.engine.scripted import ScriptedEngine
+from verl_agent.engine.backends.scripted import ScriptedEngine
 from verl_agent.tools import BaseTool, ToolResponse
 
 

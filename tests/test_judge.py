@@ -195,9 +195,9 @@ async def test_our_endpoint_serving_the_tiny_model_as_the_judge(tiny_model_path)
     answers "The answer is N." to some arithmetic (the score, on 0-100) and noise to others."""
     from transformers import AutoTokenizer
 
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
     from verl_agent.parsers import get_parser
-    from verl_agent.rollout.openai_server import OpenAIServer
+    from verl_agent.rollout.openai.openai_server import OpenAIServer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_path))
     engine = HFEngine(str(tiny_model_path), max_num_seqs=4)

@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "containers": {"registry"},
     "registry": set(),
     "sandbox": {"containers"},
-    "engine": {"protocol"},
+    "engine": {"protocol", "imports"},  # imports: the lazy attributes of engine/__init__.py
     "chat": {"protocol"},
     "formats": {"protocol"},
     "parsers": {"protocol", "formats"},
@@ -63,11 +63,8 @@ ALLOWED: dict[str, set[str]] = {
 SIZE_AND_CIRCLE_ALLOWLIST: tuple[str, ...] = ()
 
 MAX_FUNCTION_LINES = 60
-MAX_PUBLIC_METHODS = 20
+MAX_PUBLIC_METHODS = 15
 MAX_FOLDER_FILES = 15  # .py files of one folder, __init__.py included: group a bigger one by job into subpackages
-# Folders still over MAX_FOLDER_FILES (a warning until they are grouped): the engine (18 files), rollout (16: its
-# OpenAI endpoint files are the next group).
-FOLDER_ALLOWLIST: tuple[str, ...] = ("engine", "rollout")
 
 
 @dataclass
@@ -163,8 +160,8 @@ def test_the_rule_refuses_upward_and_sideways_imports():
 
     assert ok("verl_agent.tools.sandbox_fusion", "verl_agent.sandbox.client")
     assert not ok("verl_agent.tools.sandbox_fusion", "verl_agent.sandbox.service")
-    assert ok("verl_agent.rollout.build", "verl_agent.engine.hf_engine")
-    assert not ok("verl_agent.engine.hf_engine", "verl_agent.rollout.stream")
+    assert ok("verl_agent.rollout.build", "verl_agent.engine.backends.hf_engine")
+    assert not ok("verl_agent.engine.backends.hf_engine", "verl_agent.rollout.stream")
     assert not ok("verl_agent.protocol", "verl_agent.config")
     assert not ok("verl_agent.rollout.build", "verl_agent.trainer.loop")
     assert not ok("verl_agent.data", "verl_agent.tasks.model_agent")  # the old loop rollout -> data -> tasks -> rollout
@@ -172,7 +169,7 @@ def test_the_rule_refuses_upward_and_sideways_imports():
 
 
 def test_imports_follow_the_layering_rule():
-    """(a) CONTRIBUTING.md's layering: e.g. protocol imports nothing of ours, engine only protocol, tools only
+    """(a) CONTRIBUTING.md's layering: e.g. protocol imports nothing of ours, engine only protocol (and imports), tools only
     sandbox.api/client of the sandbox, and nothing but cli (and __main__) imports trainer or cli."""
     bad = sorted(f"{m.name} imports {t}" for m in MODULES.values() for t in m.imports if not _allowed(m, t))
     assert bad == [], "imports against the layering rule:\n  " + "\n  ".join(bad)
@@ -286,7 +283,7 @@ def test_size_check_finds_long_functions_and_big_classes(monkeypatch):
 
 
 def test_functions_and_classes_stay_small():
-    """(c) No function over 60 lines, no class over 20 public methods (allow-listed packages: warnings)."""
+    """(c) No function over 60 lines, no class over 15 public methods (allow-listed packages: warnings)."""
     found = _size_violations()
     listed = [f"{m}: {what}" for m, what in found if _in_allowlist(m)]
     if listed:
@@ -296,16 +293,15 @@ def test_functions_and_classes_stay_small():
 
 
 def test_no_folder_over_the_file_limit():
-    """No folder of the package holds more than MAX_FOLDER_FILES source files (trainer/ is grouped by job)."""
+    """No folder of the package holds more than MAX_FOLDER_FILES source files (trainer/, engine/ and rollout/
+    are grouped by job)."""
     sizes: dict[str, int] = {}
     for mod in MODULES.values():
         folder = str(mod.path.parent.relative_to(ROOT)).replace("\\", "/")
         sizes[folder] = sizes.get(folder, 0) + 1
-    over = {f: n for f, n in sizes.items() if n > MAX_FOLDER_FILES}
-    if {f: n for f, n in over.items() if f in FOLDER_ALLOWLIST}:
-        warnings.warn(f"folders over {MAX_FOLDER_FILES} source files (allow-listed): {over}", stacklevel=1)
-    assert {f: n for f, n in over.items() if f not in FOLDER_ALLOWLIST} == {}
+    assert {f: n for f, n in sizes.items() if n > MAX_FOLDER_FILES} == {}
     assert sizes["trainer"] <= 6 and "trainer/algorithms" in sizes  # the trainer's flat files stay grouped
+    assert {"engine/backends", "rollout/openai", "rollout/evaluation"} <= set(sizes)  # and the engine's, rollout's
 
 
 def test_type_checking_imports_count_for_layering_not_for_circles():

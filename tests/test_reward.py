@@ -109,7 +109,7 @@ async def test_gsm8k_rows_are_scored_by_data_source_without_a_reward_function(ti
     from verl_agent.reward import default_scorer
     from verl_agent.rollout.agent_loop import AgentLoop
     from verl_agent.engine.contract import SamplingParams
-    from verl_agent.engine.scripted import ScriptedEngine
+    from verl_agent.engine.backends.scripted import ScriptedEngine
 
     assert default_scorer("openai/gsm8k") is default_scorer("openai/gsm8k") and default_scorer("mine") is None
     tok = AutoTokenizer.from_pretrained(tiny_model_path)

@@ -15,7 +15,7 @@ from verl_agent import __version__
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
-    from verl_agent.rollout.evaluate import EvalModel
+    from verl_agent.rollout.evaluation.evaluate import EvalModel
     from verl_agent.rollout.tool_budget import PromptBudget
 
 EPILOG_OVERRIDES = (
@@ -54,7 +54,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from verl_agent.config import load_config
-    from verl_agent.rollout.evaluate import evaluate_cli
+    from verl_agent.rollout.evaluation.evaluate import evaluate_cli
 
     path, overrides = _split_config_arg(args)
     return evaluate_cli(load_config(path, overrides), split=args.split, out=args.out)
@@ -64,7 +64,7 @@ def _eval_model(spec: str, args: argparse.Namespace) -> EvalModel:
     """--model: an http(s) URL (OpenAI-compatible), a trainer checkpoint or run dir, else a HF folder/id."""
     from pathlib import Path
 
-    from verl_agent.rollout.evaluate import EvalModel
+    from verl_agent.rollout.evaluation.evaluate import EvalModel
 
     if spec.startswith(("http://", "https://")):
         import os
@@ -84,7 +84,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from verl_agent.config import load_config
-    from verl_agent.rollout.evaluate import EvalModel, format_table, run_eval
+    from verl_agent.rollout.evaluation.evaluate import EvalModel, format_table, run_eval
 
     path, overrides = _split_config_arg(args)
     cfg = load_config(path, overrides)

@@ -14,11 +14,24 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["import_module", "import_object", "is_file_spec"]
+__all__ = ["import_module", "import_object", "is_file_spec", "lazy_attributes"]
+
+
+def lazy_attributes(package: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """A package's module-level ``__getattr__`` (PEP 562) that imports ``names[attr]`` (a module path) on first
+    access of `attr`, so importing the package does not load its heavy modules (torch, ray, transformers)."""
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            return getattr(importlib.import_module(names[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 def is_file_spec(path: str) -> bool:

@@ -4,8 +4,8 @@
     reward = await judge.score(prompt="What is 2 + 2?", response="4", ground_truth="4")   # in [0, 1]
     reward = judge.score_sync(...)                                                         # from sync code
 
-Any OpenAI-compatible server works (vLLM, SGLang, our own `rollout/openai_server.py`). Configured in
-``reward_model`` (``enable``, ``model.path``, ``judge.*``; see config.py), the judge is the reward function;
+Any OpenAI-compatible server works (vLLM, SGLang, our own `rollout/openai/openai_server.py`). Configured in
+``reward_model`` (``enable``, ``model.path``, ``judge.*``; see config/reward.py), the judge is the reward function;
 a user's ``compute_score`` may also call one itself.
 
 - Rubric: ``scoring_prompt`` is sent as the one user message, with ``{prompt}``, ``{response}``,

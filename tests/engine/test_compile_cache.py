@@ -20,7 +20,7 @@ import asyncio, json
 from model_helpers import random_qwen2
 from torch._dynamo.utils import counters
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.hf_engine import HFEngine
+from verl_agent.engine.backends.hf_engine import HFEngine
 
 async def main():
     e = HFEngine(random_qwen2(seed=5, layers=1), stop_on_eos=False, max_model_len=64, torch_compile=True)

@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.engine.fused_norms import FusedNorms
-from verl_agent.engine.hf_engine import HFEngine
+from verl_agent.engine.backends.hf_engine import HFEngine
 
 PROMPTS = [[5 + i + j for j in range(1 + i % 4)] for i in range(8)]
 SP = [SamplingParams(temperature=1.0, max_new_tokens=12, seed=i) for i in range(len(PROMPTS))]

@@ -22,7 +22,7 @@ from model_helpers import random_qwen2
 
 from verl_agent.engine import arena, model_runner
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.hf_engine import HFEngine
+from verl_agent.engine.backends.hf_engine import HFEngine
 
 PROMPTS = [[5 + i + j for j in range(1 + i % 4)] for i in range(10)]  # 10 rows: buckets of 16, then 8 rows
 SP = [SamplingParams(temperature=1.0, max_new_tokens=3 + i, seed=i) for i in range(len(PROMPTS))]

@@ -9,7 +9,7 @@ import torch
 from model_helpers import random_qwen2
 
 from verl_agent.engine.contract import EngineContractError, SamplingParams, check_engine
-from verl_agent.engine.hf_engine import EngineClosedError, HFEngine, HFEngineSettings
+from verl_agent.engine.backends.hf_engine import EngineClosedError, HFEngine, HFEngineSettings
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19, 20]]
 

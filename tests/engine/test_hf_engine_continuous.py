@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.hf_engine import HFEngine, KVCacheOverflowError
+from verl_agent.engine.backends.hf_engine import HFEngine, KVCacheOverflowError
 from verl_agent.engine.kv_pool import kv_bytes_per_token
 from verl_agent.engine.slots import SlotTable
 

@@ -43,7 +43,7 @@ def _logprobs(model, prompt: list[int], gen: list[int], temperature: float) -> l
 async def _compare_continuous() -> None:
     """CUDA-graph decode == eager decode == one unpadded forward (log-probs); KV reuse == full prefill."""
     from verl_agent.engine.contract import SamplingParams, check_engine
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     model = _model()
     graphs = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512)  # graphs by default on CUDA
@@ -81,7 +81,7 @@ async def _decode_beside_training() -> None:
     import time
 
     from verl_agent.engine.contract import SamplingParams
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     model = _model()
     engine = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512)
@@ -124,7 +124,7 @@ async def _graphs_survive_sleep() -> None:
     wake takes it again, and the recorded graphs replay with no new capture and the same samples; the
     trainer's sleep (discard, then load every weight) and the keeping sleep alike."""
     from verl_agent.engine.contract import SamplingParams
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     model = _model()
     saved = [(n, t.detach().clone()) for n, t in model.state_dict().items()]
@@ -156,7 +156,7 @@ async def _fused_norms_in_bf16() -> None:
     """bf16 on CUDA, where the fused norm kernel reduces in its own order: the engine with fused norms and
     with the model's own stay as close to one unpadded forward of the model as each other."""
     from verl_agent.engine.contract import SamplingParams
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     model = _model().to(torch.bfloat16)
     prompts = [[(11 * i + j) % 1000 + 2 for j in range(4 + 3 * i)] for i in range(6)]
@@ -178,7 +178,7 @@ async def _engines_created_and_closed_repeatedly() -> None:
     greedily what the first one did, and the device reports no error at the end (an illegal memory access
     surfaces at the next synchronize)."""
     from verl_agent.engine.contract import SamplingParams
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     model = _model().to(torch.bfloat16)
     prompts = [[(11 * i + j) % 1000 + 2 for j in range(4 + 9 * i)] for i in range(8)]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.hf_engine import HFEngine
+from verl_agent.engine.backends.hf_engine import HFEngine
 
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from sglang_cpu import sglang_python
 
-from verl_agent.engine import sglang_engine as se
+from verl_agent.engine.backends import sglang_engine as se
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.engine.tensor_handles import share_cpu
 

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sglang_cpu import CPU_ARGS, CPU_ENV, sglang_python
 from verl_agent.engine.contract import SamplingParams, check_output
-from verl_agent.engine.sglang_engine import SGLangEngine
+from verl_agent.engine.backends.sglang_engine import SGLangEngine
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 PROMPTS = [[5, 17, 42, 99, 3], [120, 7, 7, 300], [11]]

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.sglang_engine import SGLangEngine
+from verl_agent.engine.backends.sglang_engine import SGLangEngine
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sglang, pytest.mark.slow]
 

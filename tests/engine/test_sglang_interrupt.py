@@ -14,7 +14,7 @@ import torch
 from model_helpers import random_qwen2
 from sglang_cpu import CPU_ARGS, CPU_ENV, sglang_python
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.sglang_engine import SGLangEngine
+from verl_agent.engine.backends.sglang_engine import SGLangEngine
 from verl_agent.rollout.stream import PausableEngine
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

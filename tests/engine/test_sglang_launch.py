@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_agent.engine.sglang_engine import SGLangEngine, SGLangError
+from verl_agent.engine.backends.sglang_engine import SGLangEngine, SGLangError
 
 
 async def test_a_server_that_never_gets_healthy_is_relaunched_once(tmp_path):

@@ -15,7 +15,7 @@ def tiny_tok(tiny_model_path):
 @pytest.fixture
 async def tiny_engine(tiny_model_path):
     """The tiny model on the HF engine, one per test."""
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     engine = HFEngine(str(tiny_model_path), device="cpu", max_num_seqs=16)
     yield engine

@@ -23,7 +23,7 @@ from verl_agent.data import load_samples
 from verl_agent.protocol import RolloutBatch, Sample
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.rollout.build import build_agent_loop, build_reward
-from verl_agent.engine.scripted import ScriptedEngine
+from verl_agent.engine.backends.scripted import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

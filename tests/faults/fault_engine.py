@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 
-from verl_agent.engine.hf_engine import HFEngine
+from verl_agent.engine.backends.hf_engine import HFEngine
 
 _generate = HFEngine.generate
 

@@ -18,7 +18,7 @@ async def records(overrides: list[str]) -> list[dict[str, Any]]:
     from verl_agent.config import load_config
     from verl_agent.data import row_to_sample
     from verl_agent.engine.contract import SamplingParams
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
     from verl_agent.models.calculator_task import make_problems, make_verl_rows
     from verl_agent.models.tiny import build_tiny
     from verl_agent.reward import load_reward_fn

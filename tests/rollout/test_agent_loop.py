@@ -1,6 +1,6 @@
 """AgentLoop with a scripted engine: exact token ids, masks and stop reasons over multi-turn conversations.
 
-The engine is scripted (verl_agent.engine.scripted) so that every generated
+The engine is scripted (verl_agent.engine.backends.scripted) so that every generated
 token is known in advance; tools, interactions, chat templates and the
 tokenizer are the real ones.
 """
@@ -17,7 +17,7 @@ from verl_agent.interactions.base import BaseInteraction
 from verl_agent.reward import load_reward_fn
 from verl_agent.rollout.agent_loop import AgentLoop
 from verl_agent.engine.contract import SamplingParams, turn_seed
-from verl_agent.engine.scripted import ScriptedEngine
+from verl_agent.engine.backends.scripted import ScriptedEngine
 from verl_agent.tools import CalculatorTool
 
 SP = SamplingParams(max_new_tokens=200)

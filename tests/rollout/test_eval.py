@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from verl_agent.protocol import Message, Trajectory
-from verl_agent.rollout.passk import eval_figures, extract_answer, majority_solved, pass_at_k
+from verl_agent.rollout.evaluation.passk import eval_figures, extract_answer, majority_solved, pass_at_k
 
 CONFIG = "examples/calculator/config.yaml"
 
@@ -86,7 +86,7 @@ def endpoint(tiny_model_path):
     from verl_agent.engine.contract import SamplingParams
     from verl_agent.parsers import get_parser
     from verl_agent.rollout.build import build_rollout
-    from verl_agent.rollout.openai_server import OpenAIServer
+    from verl_agent.rollout.openai.openai_server import OpenAIServer
 
     cfg = load_config(CONFIG, ["actor_rollout_ref.rollout.max_num_seqs=1", "trainer.device=cpu"])
     ready, box, loop = threading.Event(), {}, asyncio.new_event_loop()

@@ -13,9 +13,9 @@ from transformers import AutoTokenizer
 from verl_agent.config import RolloutConfig
 from verl_agent.parsers import get_parser
 from verl_agent.reward import load_reward_fn
-from verl_agent.rollout.agent_function import AgentFunctionLoop
+from verl_agent.rollout.openai.agent_function import AgentFunctionLoop
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.rollout.openai_server import OpenAIServer
+from verl_agent.rollout.openai.openai_server import OpenAIServer
 
 openai = pytest.importorskip("openai")
 
@@ -65,7 +65,7 @@ class _Server:
 def _agent_tools():
     import sys
 
-    from verl_agent.rollout.agent_function import load_entrypoint
+    from verl_agent.rollout.openai.agent_function import load_entrypoint
 
     return sys.modules[load_entrypoint(AGENT).__module__].TOOLS
 
@@ -402,7 +402,7 @@ async def test_overlapping_runs_share_one_endpoint(tok):
 def test_logprob_tokens_are_text_and_bytes_not_vocabulary_symbols(tok):
     """logprobs.content[i].bytes are the token's own bytes ('Ġcaf' is b' caf'; 'Ã' '©' are the two bytes of
     'é'), so joining them gives the reply's text back, as OpenAI's do."""
-    from verl_agent.rollout.openai_wire import token_bytes
+    from verl_agent.rollout.openai.openai_wire import token_bytes
 
     text = " hello café ✓ <tool_call>"
     raw = token_bytes(tok, tok.encode(text, add_special_tokens=False))

@@ -7,7 +7,7 @@ import pytest
 from verl_agent.config import load_config
 from verl_agent.data import row_to_sample
 from verl_agent.models.calculator_task import make_problems, make_verl_rows
-from verl_agent.rollout.agent_function import AgentFunctionLoop
+from verl_agent.rollout.openai.agent_function import AgentFunctionLoop
 from verl_agent.rollout.agent_loop import AgentLoop
 from verl_agent.rollout.build import build_rollout, rollout_in_chunks, sampling_params
 

@@ -9,8 +9,8 @@ from test_formats import FAMILIES, TOOLS, _calls, _reply
 
 from verl_agent.parsers import get_parser
 from verl_agent.protocol import Message
-from verl_agent.rollout.openai_wire import ChatRequest, StreamText, completion_body
-from verl_agent.rollout.recorder import Reply
+from verl_agent.rollout.openai.openai_wire import ChatRequest, StreamText, completion_body
+from verl_agent.rollout.openai.recorder import Reply
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from verl_agent.parsers import get_parser
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.rollout.openai_server import OpenAIServer
+from verl_agent.rollout.openai.openai_server import OpenAIServer
 
 openai = pytest.importorskip("openai")
 
@@ -114,7 +114,7 @@ async def test_stop_strings_and_errors_while_streaming(tok):
 
 async def test_tiny_model_streams_what_it_records(tok, tiny_model_path):
     """The real engine: `on_token` comes from the continuous batcher's steps; what is streamed is what is recorded."""
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     engine = HFEngine(str(tiny_model_path), max_num_seqs=4)
     server, rec, client = await _serve(engine, tok)

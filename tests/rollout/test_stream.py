@@ -144,7 +144,7 @@ async def test_partial_rollout_at_a_token_boundary_records_the_version_of_every_
     turn's tokens carry their own versions, old then new, and the records keep them."""
     from model_helpers import random_qwen2
 
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
     from verl_agent.rollout.metrics import summarize
     from verl_agent.rollout.records import trajectory_record
 

@@ -14,8 +14,8 @@ from verl_agent.models.calculator_task import make_problems, make_verl_rows
 from verl_agent.reward import load_reward_fn
 from verl_agent.rollout.agent_loop import AgentLoop
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.rollout.evaluate import evaluate_cli
-from verl_agent.engine.hf_engine import HFEngine
+from verl_agent.rollout.evaluation.evaluate import evaluate_cli
+from verl_agent.engine.backends.hf_engine import HFEngine
 from verl_agent.rollout.metrics import summarize
 from verl_agent.rollout.records import print_records, read_records
 from verl_agent.tools import CalculatorTool

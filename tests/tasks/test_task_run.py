@@ -101,7 +101,7 @@ async def test_model_agent_through_an_openai_compatible_url(chat_tokenizer, coun
 
     from verl_agent.engine.contract import SamplingParams
     from verl_agent.parsers import get_parser
-    from verl_agent.rollout.openai_server import OpenAIServer
+    from verl_agent.rollout.openai.openai_server import OpenAIServer
 
     replies = [call_text("bash", '{"command": "wc -l < /app/input.txt > /app/count.txt"}'), call_text("submit", "{}")]
     server = OpenAIServer(scripted_engine(chat_tokenizer, replies), chat_tokenizer, get_parser("hermes"),

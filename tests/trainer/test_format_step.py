@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.scripted import ScriptedEngine
+from verl_agent.engine.backends.scripted import ScriptedEngine
 from verl_agent.models.calculator_task import make_problems
 from verl_agent.protocol import ToolCall
 from verl_agent.rollout.build import build_agent_loop, build_reward, load_split, load_tokenizer, sampling_params

@@ -25,7 +25,7 @@ def _update_and_export(cfg, seqs, out_dir, world: int):
         set_sequences(group, shard_list(seqs, world))
         group.compute_log_probs(n_minibatches=1)
         metrics = group.update(n_minibatches=1, step=1, update_actor=True)
-        group.export_hf(str(out_dir))
+        group.checkpoints.export_hf(str(out_dir))
         return metrics
     finally:
         group.shutdown()

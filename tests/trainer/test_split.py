@@ -97,7 +97,7 @@ def test_sync_gives_every_rollout_worker_the_actors_weights(ray_cluster, make_cf
         ray.kill(group.rollouts[1])
         t0 = time.monotonic()
         with pytest.raises(ray.exceptions.RayError, match="RolloutWorker"):
-            ray.get(group.workers[0].push_weights.remote(9, group.rollouts, ["collective", "collective"]))
+            ray.get(group.workers[0]._push_weights.remote(9, group.rollouts, ["collective", "collective"]))
         assert time.monotonic() - t0 < 30
     finally:
         group.shutdown()

@@ -1,16 +1,15 @@
-"""The inference engine: the `Engine` contract, the HF engine (continuous batching over a slot KV cache),
-the SGLang engine, and tensor handles for weight transfer.
+"""The inference engine: the `Engine` contract; the engines that meet it (`backends/`: HF, SGLang, scripted);
+the HF engine's machinery (continuous batching over a slot KV cache, the model runner, its memory); and
+tensor handles for weight transfer.
 
 Heavy modules (torch, transformers) load on first attribute access.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from verl_agent.engine.contract import Engine, EngineContractError, GenerateOutput, SamplingParams, check_engine
 from verl_agent.engine.settings import HFEngineSettings
+from verl_agent.imports import lazy_attributes
 
 __all__ = [
     "Engine",
@@ -25,13 +24,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "HFEngine": "verl_agent.engine.hf_engine",
-    "SGLangEngine": "verl_agent.engine.sglang_engine",
-    "ScriptedEngine": "verl_agent.engine.scripted",
+    "HFEngine": "verl_agent.engine.backends.hf_engine",
+    "SGLangEngine": "verl_agent.engine.backends.sglang_engine",
+    "ScriptedEngine": "verl_agent.engine.backends.scripted",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'verl_agent.engine' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -1,14 +1,14 @@
 """Rollout: the agent side. The multi-turn agent loop, the rollout stream (continuous rollouts that pause
-for weight swaps), the OpenAI-compatible endpoint and its recorder, tool observations, and `build`, which
-turns a config into all of these over an engine from `verl_agent.engine`.
+for weight swaps), tool observations, `openai/` (the OpenAI-compatible endpoint and its recorder, and the
+tool loop over someone else's Chat Completions server), `evaluation/` (`verl-agent rollout` and `eval`), and
+`build`, which turns a config into all of these over an engine from `verl_agent.engine`.
 
 Heavy modules load on first attribute access.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from verl_agent.imports import lazy_attributes
 
 __all__ = ["AgentLoop", "summarize"]
 
@@ -17,8 +17,4 @@ _LAZY = {
     "summarize": "verl_agent.rollout.metrics",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'verl_agent.rollout' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -30,7 +30,7 @@ from verl_agent.rollout.stream import PausableEngine
 
 if TYPE_CHECKING:
     from verl_agent.reward import RewardFunction
-    from verl_agent.rollout.agent_function import AgentFunctionLoop
+    from verl_agent.rollout.openai.agent_function import AgentFunctionLoop
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def build_engine(rollout: RolloutConfig, model: Any, device: str, seed: int = 0,
 def hf_engine(rollout: RolloutConfig, model: Any, device: str, *, seed: int = 0, own_server: bool = False,
               kv_cache_bytes: int | None = None) -> Engine:  # fmt: skip
     """The Hugging Face engine (continuous batching, paged KV) on `model`, a path/id or a built replica."""
-    from verl_agent.engine.hf_engine import HFEngine
+    from verl_agent.engine.backends.hf_engine import HFEngine
 
     return HFEngine(model, hf_engine_settings(rollout, device, seed, kv_cache_bytes))
 
@@ -129,7 +129,7 @@ def hf_engine(rollout: RolloutConfig, model: Any, device: str, *, seed: int = 0,
 def sglang_engine(rollout: RolloutConfig, model: Any, device: str, *, seed: int = 0, own_server: bool = False,
                   kv_cache_bytes: int | None = None) -> Engine:  # fmt: skip
     """An SGLang server: rollout.sglang.url, or one launched on `model` (own_server: one per trainer worker)."""
-    from verl_agent.engine.sglang_engine import SGLangEngine
+    from verl_agent.engine.backends.sglang_engine import SGLangEngine
 
     sg = rollout.sglang
     if own_server and sg.url:
@@ -214,7 +214,7 @@ def build_agent_loop(rollout: RolloutConfig, data: DataConfig, engine: Engine, t
     from verl_agent.tools import load_tools
 
     if rollout.agent.entrypoint:  # the user's own agent, through the recording OpenAI endpoint
-        from verl_agent.rollout.agent_function import AgentFunctionLoop
+        from verl_agent.rollout.openai.agent_function import AgentFunctionLoop
 
         return AgentFunctionLoop(engine, tokenizer, rollout, rollout.agent.entrypoint, reward_fn=reward_fn,
                                  max_prompt_length=data.max_prompt_length,

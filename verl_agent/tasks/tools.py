@@ -73,6 +73,12 @@ def format_result(res: Any) -> str:
     return text + status
 
 
+def _ended(env: Any) -> tuple[ToolResponse, float, dict[str, Any]] | None:
+    """A container tool's answer once the episode is over (submitted, or past the agent's time limit), else None."""
+    refused = env.refusal()
+    return (ToolResponse(text=refused), 0.0, {"episode_done": True}) if refused else None
+
+
 class _ContainerTool(BaseTool):
     """Shared lifecycle: attach to the trajectory's container on create, grade on calc_reward."""
 
@@ -141,9 +147,8 @@ class BashTool(_ContainerTool):
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
                       ) -> tuple[ToolResponse, float, dict[str, Any]]:
         env = get_env(instance_id)
-        refused = env.refusal()
-        if refused:  # submitted, or past the agent's time limit: the episode ends here
-            return ToolResponse(text=refused), 0.0, {"episode_done": True}
+        if (done := _ended(env)) is not None:
+            return done
         asked = parameters.get("timeout")
         timeout = min(self.timeout, float(asked)) if isinstance(asked, (int, float)) and asked > 0 else self.timeout
         try:
@@ -161,9 +166,8 @@ class EditorTool(_ContainerTool):
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
                       ) -> tuple[ToolResponse, float, dict[str, Any]]:
         env = get_env(instance_id)
-        refused = env.refusal()
-        if refused:  # submitted, or past the agent's time limit: the episode ends here
-            return ToolResponse(text=refused), 0.0, {"episode_done": True}
+        if (done := _ended(env)) is not None:
+            return done
         timeout = float(self.config.get("timeout", 60))
 
         async def run(cmd: str) -> Any:

@@ -6,8 +6,7 @@ algorithm modules stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from verl_agent.imports import lazy_attributes
 
 __all__ = ["TrainResult", "TrainingError", "WorkerGroup", "add_cli", "run_train_cli", "train"]
 
@@ -20,8 +19,4 @@ _LAZY = {
     "WorkerGroup": "verl_agent.trainer.workers.controller",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'verl_agent.trainer' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

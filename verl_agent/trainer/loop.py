@@ -27,6 +27,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,13 +142,11 @@ class TrainingRun:
         metrics: dict[str, Any] = {}
         bytes_before = group.bytes_moved
         profiling = step in (trainer_cfg.profile_steps or [])
+        with group.profile(str(self.cfg.run_dir / "profile"), step) if profiling else nullcontext([]) as tables:
+            with timer("step", metrics):
+                self._rollout(step, metrics)
+                self._learn(step, metrics)
         if profiling:
-            group.start_profile()
-        with timer("step", metrics):
-            self._rollout(step, metrics)
-            self._learn(step, metrics)
-        if profiling:
-            tables = group.stop_profile(str(self.cfg.run_dir / "profile"), step)
             logger.info("step %d profile: %s", step, ", ".join(tables))
         metrics.setdefault("actor/kl", metrics.get("actor/ppo_kl", 0.0))
         metrics["perf/driver_bytes"] = float(group.bytes_moved - bytes_before)
@@ -205,7 +204,7 @@ class TrainingRun:
             self.result.val_after = _validate(self.group, self.val_samples, self.cfg, self.total)
             self.tracker.log(self.total, self.result.val_after, write=print)
             self.tracker.log_trajectories(self.total, _trajectory_files(self.cfg.run_dir, self.total)[1:])
-        self.result.export_dir = Path(self.group.export_hf(str(self.cfg.run_dir / "hf_model")))
+        self.result.export_dir = Path(self.group.checkpoints.export_hf(str(self.cfg.run_dir / "hf_model")))
 
     def stopped(self, error: Exception) -> TrainingError:
         """Kill the workers after `error`; the `TrainingError` naming the step, the cause and the checkpoint."""
@@ -350,7 +349,7 @@ def _restore_metrics_line(tracker: Tracker, step: int, saved: dict[str, float] |
 def _resume(group: WorkerGroup, dataset: Any, path: Path) -> dict:
     """Load the checkpoint at `path` into the workers, the data position and the driver's RNG; its driver state."""
     state = json.loads((path / "driver_state.json").read_text())
-    group.load_checkpoint(str(path), state["step"])
+    group.checkpoints.load(str(path), state["step"])
     dataset.load_state_dict(state["data"])
     ckpt.restore_driver_rng(state)
     logger.info("resumed from %s (step %d)", path, state["step"])
@@ -361,7 +360,7 @@ def _save(group: WorkerGroup, run_dir: Path, step: int, dataset: Any, extra: dic
     """Write the checkpoint of `step` (workers' shards, then the driver state) and put it in place; its path."""
     tmp = ckpt.tmp_dir(run_dir, step)
     try:
-        group.save_checkpoint(str(tmp))
+        group.checkpoints.save(str(tmp))
         return ckpt.finalize(tmp, ckpt.driver_state(step, dataset.state_dict(), extra))
     except Exception as e:
         ckpt.discard(tmp)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from verl_agent.config import ConfigError
-from verl_agent.engine.hf_engine import BORROWED_WEIGHTS
+from verl_agent.engine.backends.hf_engine import BORROWED_WEIGHTS
 
 __all__ = ["adapter_parameters", "base_name", "base_tensors", "engine_adapter_tensors", "engine_name",
            "engine_shares_base", "export_adapter", "lora_scaling", "merged_tensors", "reference_of", "share_base",

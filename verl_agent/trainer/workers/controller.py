@@ -17,7 +17,8 @@ import logging
 import os
 import pickle
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerGroup", "WorkerFailure", "cpus_needed", "init_ray", "weight_routes"]
+__all__ = ["GroupCheckpoints", "WorkerGroup", "WorkerFailure", "cpus_needed", "init_ray", "weight_routes"]
 
 R = TypeVar("R")
 
@@ -93,8 +94,9 @@ class WorkerGroup:
     """`world_size` TrainWorkers in one process group, placed on `nnodes` nodes.
 
     Typed calls: each method below calls the worker method of the same name on every rank
-    (rank i gets shard i where data is sharded) and returns typed results in rank order.
-    Only small things cross the driver boundary; `bytes_moved` counts them (pickled size of
+    (rank i gets shard i where data is sharded) and returns typed results in rank order; `profile`
+    wraps start_profile/stop_profile, and `checkpoints` (a `GroupCheckpoints`) the checkpoint and export
+    calls. Only small things cross the driver boundary; `bytes_moved` counts them (pickled size of
     arguments and results, the same encoding Ray uses for them).
     """
 
@@ -108,6 +110,10 @@ class WorkerGroup:
     rollout_pg: Any = None
     rollout_info: list[dict] = field(default_factory=list)
     sync_bytes: int = 0  # bytes one engine received in the last weight sync
+    checkpoints: GroupCheckpoints = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.checkpoints = GroupCheckpoints(self)
 
     @property
     def world_size(self) -> int:
@@ -146,7 +152,7 @@ class WorkerGroup:
                     strategy = PlacementGroupSchedulingStrategy(group.rollout_pg, placement_group_bundle_index=i)
                     group.rollouts.append(RolloutWorker.options(num_cpus=1, num_gpus=rgpu, scheduling_strategy=strategy)
                                           .remote(cfg_dict, i))  # fmt: skip
-            addr, port = group._get([group.workers[0].node_address.remote()], "node_address")[0]
+            addr, port = group._get([group.workers[0]._node_address.remote()], "node_address")[0]
             setups = [w.setup.remote(addr, port) for w in group.workers] + [r.setup.remote() for r in group.rollouts]
             infos = group._get(setups, "setup")
             group.info, group.rollout_info = infos[:world], infos[world:]
@@ -183,7 +189,7 @@ class WorkerGroup:
             return self._get([w.take.remote(k, step, min_version) for w, k in zip(self.workers, counts)], "take")
         w = self.world_size
         outs = [r.take.options(num_returns=w + 1).remote(k, min_version, w) for r, k in zip(self.rollouts, counts)]
-        kept = self._get([tw.take_parts.remote(step, [out[rank] for out in outs])
+        kept = self._get([tw._take_parts.remote(step, [out[rank] for out in outs])
                           for rank, tw in enumerate(self.workers)], "take_parts")  # fmt: skip
         results = self._get([out[w] for out in outs], "take")
         for c in kept:  # what the train ranks' failure rules left out, summed into the first shard
@@ -220,32 +226,21 @@ class WorkerGroup:
         else:
             self._get([r.pause.remote(pause_drains(self.cfg)) for r in self.rollouts], "pause")
             try:
-                done = self._get([w.push_weights.remote(version, self.rollouts, self.routes)
+                done = self._get([w._push_weights.remote(version, self.rollouts, self.routes)
                                   for w in self.workers], "push_weights")  # fmt: skip
             finally:
                 self._get([r.resume.remote(version) for r in self.rollouts], "resume")
         self.sync_bytes = done[0][1]
         return max(seconds for seconds, _ in done)
 
-    def start_profile(self) -> None:
+    @contextmanager
+    def profile(self, out_dir: str, step: int) -> Iterator[list[str]]:
+        """Profile every train rank over the block; on leaving it, the list it gave gets each rank's top-ops
+        table (paths; Chrome traces beside them)."""
         self._get([w.start_profile.remote() for w in self.workers], "start_profile")
-
-    def stop_profile(self, out_dir: str, step: int) -> list[str]:
-        """Each train rank's top-ops table (paths); Chrome traces beside them."""
-        return self._get([w.stop_profile.remote(out_dir, step) for w in self.workers], "stop_profile")
-
-    def save_checkpoint(self, path: str) -> None:
-        self._get([w.save_checkpoint.remote(path) for w in self.workers], "save_checkpoint")
-
-    def load_checkpoint(self, path: str, step: int) -> None:
-        """Load the checkpoint written at `step` (from its driver_state.json); the engines hold policy `step`."""
-        self._get([w.load_checkpoint.remote(path, step) for w in self.workers], "load_checkpoint")
-        if self.rollouts:
-            self.sync_weights(version=step)
-
-    def export_hf(self, path: str) -> str:
-        """Rank 0's export path."""
-        return self._get([w.export_hf.remote(path) for w in self.workers], "export_hf")[0]
+        tables: list[str] = []
+        yield tables
+        tables.extend(self._get([w.stop_profile.remote(out_dir, step) for w in self.workers], "stop_profile"))
 
     def run(self, fn: Callable[..., R], *args: Any, shards: Sequence[Any] | None = None) -> list[R]:
         """`fn(worker, *args)` on every train rank (`TrainWorker.run`), or with `shards`
@@ -269,9 +264,9 @@ class WorkerGroup:
         members = [r for r, route in zip(self.rollouts, self.routes) if route == "collective"]
         if not members:
             return
-        addr, port = self._get([self.workers[0].node_address.remote()], "node_address")[0]
+        addr, port = self._get([self.workers[0]._node_address.remote()], "node_address")[0]
         size = len(members) + 1
-        self._get([self.workers[0].join_weight_group.remote(addr, port, size)]
+        self._get([self.workers[0]._join_weight_group.remote(addr, port, size)]
                   + [r.join_weight_group.remote(addr, port, i + 1, size) for i, r in enumerate(members)],
                   "join_weight_group")  # fmt: skip
 
@@ -300,6 +295,30 @@ class WorkerGroup:
             if pg is not None:
                 remove_placement_group(pg)
         self.workers, self.rollouts, self.pg, self.rollout_pg = [], [], None, None
+
+
+@dataclass
+class GroupCheckpoints:
+    """A `WorkerGroup`'s checkpoints and export (`group.checkpoints`): collective calls on every train rank,
+    kept apart from the group's steps of the RL loop."""
+
+    group: WorkerGroup
+
+    def save(self, path: str) -> None:
+        g = self.group
+        g._get([w.save_checkpoint.remote(path) for w in g.workers], "save_checkpoint")
+
+    def load(self, path: str, step: int) -> None:
+        """Load the checkpoint written at `step` (from its driver_state.json); the engines hold policy `step`."""
+        g = self.group
+        g._get([w.load_checkpoint.remote(path, step) for w in g.workers], "load_checkpoint")
+        if g.rollouts:
+            g.sync_weights(version=step)
+
+    def export_hf(self, path: str) -> str:
+        """Rank 0's export path."""
+        g = self.group
+        return g._get([w.export_hf.remote(path) for w in g.workers], "export_hf")[0]
 
 
 def _placement(bundle: dict, count: int, strategy: str, timeout_s: float) -> Any:

@@ -9,7 +9,7 @@ Placement (trainer.placement):
   the train workers where only one is present). The engines never sleep. Finished GRPO groups go
   from the rollout workers to the train ranks through Ray's object store, never through the driver
   (`RolloutWorker.take` returns one object per train rank); train rank 0 streams the weights to
-  every rollout worker after each update (`TrainWorker.push_weights`, `WeightSender`): by handle where the rollout
+  every rollout worker after each update (`TrainWorker._push_weights`, `WeightSender`): by handle where the rollout
   worker can map rank 0's memory (same host; on GPU the same card), else by a broadcast in a
   process group of their own (`WeightGroup`: NCCL between GPUs, gloo on CPU).
 """

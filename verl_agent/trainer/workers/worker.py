@@ -9,11 +9,13 @@
 
 Data stays where it was made: `feed` starts this rank's rollouts, `take` keeps the finished groups
 of a step and answers with per-trajectory summaries (scalars); with trainer.placement=split the groups
-come from the rollout workers instead (`take_parts`). With rollout.free_cache_engine the local engine
+come from the rollout workers instead (`_take_parts`). With rollout.free_cache_engine the local engine
 sleeps (drops caches; on GPU its weights leave the device) while the actor trains.
 
-Every method except `node_address`, `feed`, `take`, `take_parts`, `validate` and `run` is collective:
-call it on all ranks.
+The public methods are the steps the driver's `WorkerGroup` calls by the same name; the underscored
+ones (`_node_address`, `_take_parts`, `_join_weight_group`, `_push_weights`) are that group's plumbing
+inside its `create`, `take` and `sync_weights` (Ray calls them like any actor method). Every method except
+`_node_address`, `feed`, `take`, `_take_parts`, `validate` and `run` is collective: call it on all ranks.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class TrainWorker:
         self.rollout: RolloutHost | None = None  # colocated: this rank's engine replica (split: none)
         self.version = 0  # the step whose update the engines hold
 
-    def node_address(self) -> tuple[str, int]:
+    def _node_address(self) -> tuple[str, int]:
         """(IP of this node, a free port): where rank 0 hosts the process-group rendezvous."""
         return ray.util.get_node_ip_address(), _free_port()
 
@@ -125,7 +127,7 @@ class TrainWorker:
         result.counts.update(self.batch.keep(groups, step))
         return result
 
-    def take_parts(self, step: int, parts: list) -> dict[str, float]:
+    def _take_parts(self, step: int, parts: list) -> dict[str, float]:
         """Split placement: keep the groups of `parts` (object refs from RolloutWorker.take) for this step."""
         return self.batch.keep([g for part in ray.get(parts) for g in part], step)
 
@@ -176,11 +178,11 @@ class TrainWorker:
                                                     pause_drains(self.cfg), version, self.version)
         return time.perf_counter() - t0, self.weights.sent_bytes
 
-    def join_weight_group(self, addr: str, port: int, size: int) -> None:
+    def _join_weight_group(self, addr: str, port: int, size: int) -> None:
         """Rank 0, split placement: host the `WeightGroup` that rollout workers on other GPUs or hosts join."""
         self.weights.join_group(addr, port, size)
 
-    def push_weights(self, version: int, rollout_workers: list, routes: list[str]) -> tuple[float, int]:
+    def _push_weights(self, version: int, rollout_workers: list, routes: list[str]) -> tuple[float, int]:
         """Split placement: stream the full parameters (LoRA: the adapters) to every (already paused)
         RolloutWorker by its route (`controller.weight_routes`); (seconds, bytes each engine received)."""
         t0 = time.perf_counter()

@@ -8,7 +8,7 @@ prefilled as its own chunk, then it decodes with the rest) and a finished
 request frees its slot at once. A request may name a `session` (its trajectory
 id): when its prompt extends that session's previous prompt + response, only
 the new tokens are prefilled. On CUDA the decode step is a replayed CUDA graph.
-See continuous.py, scheduler.py, slots.py, model_runner.py, kv_pool.py.
+See engine/continuous.py, scheduler.py, slots.py, model_runner.py, kv_pool.py.
 
 Memory: `sleep()` drops KV caches and, on an accelerator, moves the weights to
 CPU; `wake_up()` moves them back. On CPU there is no device memory to give

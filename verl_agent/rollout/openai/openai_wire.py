@@ -18,7 +18,7 @@ from typing import Any
 
 from verl_agent.parsers import THINK_CLOSE, THINK_OPEN, decode_reply
 from verl_agent.protocol import ROLES, Message
-from verl_agent.rollout.recorder import Reply
+from verl_agent.rollout.openai.recorder import Reply
 
 __all__ = ["ChatRequest", "RequestError", "StreamText", "chunk_head", "completion_body", "content_chunk", "delta_chunk", "error_body",
            "final_chunks", "forced_prefix", "parse_request", "role_chunk"]

@@ -8,7 +8,7 @@ or ``path/to/file.py:function``)::
 `sample` is a plain dict: ``uid``, ``messages`` (OpenAI dicts), ``ground_truth``, ``data_source``,
 ``extra_info``, ``tools_kwargs``, ``interaction_kwargs``. If the function also takes ``model``, it is
 given the served model name. Point any OpenAI client at ``base_url`` with ``api_key``; every call
-is recorded token-exactly (`verl_agent.rollout.recorder`). The return value scores the run: a
+is recorded token-exactly (`verl_agent.rollout.openai.recorder`). The return value scores the run: a
 number, a dict with ``"reward"`` (its other numeric entries become ``agent/<key>`` metrics), or None
 to let the reward function (data.reward_fn) score the text of the last model reply; as in the native
 loop, ``extra_info["assistant_turns"]`` holds the text of every reply and a per-turn list scores each turn.
@@ -48,8 +48,8 @@ from verl_agent.imports import import_object
 from verl_agent.protocol import SUCCESS_THRESHOLD, RolloutBatch, Sample, Trajectory
 from verl_agent.reward import RewardFunction
 from verl_agent.rollout.agent_loop import InfraFailure, score_with_reward_fn
-from verl_agent.rollout.openai_server import OpenAIServer
-from verl_agent.rollout.recorder import SessionRecorder
+from verl_agent.rollout.openai.openai_server import OpenAIServer
+from verl_agent.rollout.openai.recorder import SessionRecorder
 
 if TYPE_CHECKING:
     from verl_agent.config import RolloutConfig

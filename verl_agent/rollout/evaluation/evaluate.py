@@ -88,7 +88,7 @@ async def _rollout_model(cfg: RunConfig, m: EvalModel, samples: list[Sample], n:
     r = cfg.actor_rollout_ref.rollout
     sampling = sampling_params(r, cfg.data, seed=cfg.trainer.seed, validate=True)
     if m.url is not None:
-        from verl_agent.rollout.chat_api import ChatAPILoop
+        from verl_agent.rollout.openai.chat_api import ChatAPILoop
         from verl_agent.tools import load_tools
 
         if r.agent.entrypoint or r.multi_turn.interaction_config_path:
@@ -117,7 +117,7 @@ async def _rollout_model(cfg: RunConfig, m: EvalModel, samples: list[Sample], n:
 def run_eval(cfg: RunConfig, models: list[EvalModel], k: int, n: int, out_dir: Path) -> dict[str, Any]:
     """Each model on data.val_files, n samples per prompt; writes <out_dir>/result.json and one trajectory
     JSONL per model; returns the result (figures per model and data_source, see `passk`)."""
-    from verl_agent.rollout.passk import eval_figures
+    from verl_agent.rollout.evaluation.passk import eval_figures
 
     if not 1 <= k <= n:
         raise ValueError(f"--k {k} needs 1 <= k <= n (samples per prompt, --n {n})")

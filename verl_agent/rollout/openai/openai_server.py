@@ -32,11 +32,11 @@ from typing import Any
 from fastapi import FastAPI
 
 from verl_agent.engine.contract import Engine, SamplingParams
-from verl_agent.rollout.openai_wire import (
+from verl_agent.rollout.openai.openai_wire import (
     ChatRequest, RequestError, StreamText, chunk_head, completion_body, delta_chunk, error_body, final_chunks,
     forced_prefix, parse_request, role_chunk,
 )
-from verl_agent.rollout.recorder import BudgetExceeded, Reply, SessionRecorder
+from verl_agent.rollout.openai.recorder import BudgetExceeded, Reply, SessionRecorder
 
 logger = logging.getLogger(__name__)
 
