@@ -27,7 +27,6 @@ import math
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 

@@ -8,7 +8,7 @@ interaction and tools are the real ones.
 from __future__ import annotations
 
 import pytest
-from model_helpers import assert_mask, assert_token_exact, call_text, sample, scripted_engine
+from model_helpers import assert_mask, assert_token_exact, sample, scripted_engine
 
 from verl_agent.chat import ChatEncoder
 from verl_agent.config import ConfigError, RolloutConfig, load_config
@@ -18,7 +18,6 @@ from verl_agent.protocol import Message
 from verl_agent.rollout.agent_loop import AgentLoop
 from verl_agent.rollout.context import DROPPED_PREFIX, SUMMARY_PREFIX
 from verl_agent.rollout.metrics import summarize
-from verl_agent.tools import CalculatorTool
 
 SP = SamplingParams(max_new_tokens=400)
 ROOM = "Room {k}: " + "Hello world. " * 20
