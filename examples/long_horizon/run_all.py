@@ -20,6 +20,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 STRATEGIES = ("none", "drop_observations", "truncate_middle", "summarize")
+# kept by step in results.json beside the success curve: the reward and how often each strategy rewrote the history
+KEEP = ("val/reward/mean", "val/context/rewrites", "val/context/rewrites_skipped", "rollout/context/rewrites",
+        "rollout/context/rewrites_skipped")
 COLORS = {"none": "tab:gray", "drop_observations": "tab:blue", "truncate_middle": "tab:green",
           "summarize": "tab:orange"}
 
@@ -45,7 +48,7 @@ def run_all(strategies: list[str], seeds: list[int], out: Path, runs: Path, extr
 
     model = warm_start()
     return run_sweep(strategies, seeds, lambda name, seed, run_dir: config_for(name, seed, model, run_dir, extra),
-                     out, runs)
+                     out, runs, keep=KEEP)
 
 
 def plot(results: dict, path: Path, title: str) -> None:
@@ -55,13 +58,33 @@ def plot(results: dict, path: Path, title: str) -> None:
                ylim=(-5, 105), size=(5.6, 3.6), dpi=80, legend="center right", font=9, legend_font=8)
 
 
+def _last(run: dict, key: str) -> float | None:
+    points = run.get("series", {}).get(key)
+    return points[-1][1] if points else None
+
+
+def _total(run: dict, key: str) -> float | None:
+    points = run.get("series", {}).get(key)
+    return sum(v for _, v in points) if points else None
+
+
 def summary(results: dict) -> str:
+    """Per strategy, means over seeds: held-out success first -> last evaluation, the last evaluation's reward and
+    rewrites (skipped ones too), and the rewrites over all training steps."""
+    def mean(values: list, digits: int = 1) -> str:
+        values = [v for v in values if v is not None]
+        return f"{sum(values) / len(values):.{digits}f}" if values else "-"
+
     lines = []
     for name, runs in results.items():
         finals = [r["curve"][-1][1] * 100 for r in runs.values()]
         firsts = [r["curve"][0][1] * 100 for r in runs.values()]
         lines.append(f"{name:18s} held-out success {sum(firsts) / len(firsts):5.1f} % -> {sum(finals) / len(finals):5.1f} %"
-                     f" (seeds {', '.join(runs)}: {', '.join(f'{f:.1f}' for f in finals)})")
+                     f" (seeds {', '.join(runs)}: {', '.join(f'{f:.1f}' for f in finals)}); last evaluation: reward "
+                     f"{mean([_last(r, 'val/reward/mean') for r in runs.values()], 3)}, rewrites "
+                     f"{mean([_last(r, 'val/context/rewrites') for r in runs.values()])} (skipped "
+                     f"{mean([_last(r, 'val/context/rewrites_skipped') for r in runs.values()])}); training rewrites "
+                     f"{mean([_total(r, 'rollout/context/rewrites') for r in runs.values()])}")
     return "\n".join(lines)
 
 

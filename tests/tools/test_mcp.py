@@ -278,3 +278,29 @@ async def test_agent_loop_calls_an_mcp_tool_and_a_crash_ends_only_its_trajectory
     assert summarize([good, crashed])["rollout/infra_failed/mcp_server_crashed"] == 1.0
     again = (await loop.run([sample("What is 12 + 30?", uid="ok2", ground_truth="42")], 1, sp)).trajectories[0]
     assert again.outcome == "ok"  # the server was restarted
+
+
+async def test_a_call_retried_after_a_hang_is_counted_in_the_rollout_metrics(worker_tools, chat_tokenizer,
+                                                                             rollout_cfg):
+    """The server hangs before the trajectory's read-only `add` call: the call runs again on a fresh server, the
+    trajectory is scored, and the retry shows as mcp/retried (rollout/mcp/retried over a batch)."""
+    tok, sp = chat_tokenizer, SamplingParams(max_new_tokens=200)
+
+    def reply(text: str, k: int) -> str:
+        return call_text("add", '{"a": 12, "b": 30}') if k == 0 else "The answer is 42."
+
+    def reward(data_source, solution_str, ground_truth, extra_info=None):
+        return float(ground_truth in solution_str)
+
+    async with ToolSession(worker_tools, timeout=10) as s:
+        os.kill(int((await call(s, "pid")).text), signal.SIGSTOP)
+    loop = AgentLoop(scripted_engine(tok, reply), tok, rollout_cfg, tools={"add": worker_tools["add"]},
+                     max_prompt_length=2000, max_response_length=400, reward_fn=load_reward_fn(reward))
+    hung = (await loop.run([sample("What is 12 + 30?", uid="r", ground_truth="42")], 1, sp)).trajectories
+    again = (await loop.run([sample("What is 12 + 30?", uid="q", ground_truth="42")], 1, sp)).trajectories
+    assert [(t.outcome, t.reward) for t in hung + again] == [("ok", 1.0)] * 2
+    assert [m.content for t in hung + again for m in t.messages if m.role == "tool"] == ["42", "42"]
+    assert [t.metrics["mcp/retried"] for t in hung + again] == [1.0, 0.0]
+    metrics = summarize(hung + again)
+    assert metrics["rollout/mcp/retried"] == 1.0 and metrics["rollout/num_scored"] == 2.0
+    assert "rollout/infra_failed/mcp_server_hung" not in metrics

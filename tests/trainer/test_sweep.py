@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from verl_agent.trainer.sweep import plot_seeds, run_sweep, val_curve
+from verl_agent.trainer.sweep import metric_series, plot_seeds, run_sweep, val_curve
 
 
 def test_val_curve_reads_evaluations_and_a_resumed_step_counts_once(tmp_path):
@@ -15,6 +15,15 @@ def test_val_curve_reads_evaluations_and_a_resumed_step_counts_once(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     assert val_curve(tmp_path) == [(0, 0.25), (2, 0.75)]
     assert val_curve(tmp_path, samples_per_step=8) == [(0, 0.25), (16, 0.75)]
+
+
+def test_metric_series_keeps_any_metric_by_step(tmp_path):
+    lines = [{"step": 0, "val/context/rewrites": 291.0}, {"step": 1, "rollout/context/rewrites": 40.0},
+             {"step": 2, "rollout/context/rewrites": 44.0, "val/context/rewrites": 300.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    assert metric_series(tmp_path, "val/context/rewrites") == [(0, 291.0), (2, 300.0)]
+    assert metric_series(tmp_path, "rollout/context/rewrites") == [(1, 40.0), (2, 44.0)]
+    assert metric_series(tmp_path, "val/reward/mean") == []
 
 
 def test_a_finished_sweep_is_not_run_again(tmp_path):

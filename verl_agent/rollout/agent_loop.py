@@ -534,6 +534,7 @@ class AgentLoop:
             ep.counts["tool_calls"] += res.num_calls
             ep.counts["tool_errors"] += res.num_errors
             ep.counts["malformed_calls"] += len(parsed.errors)
+            _add_tool_metrics(ep.traj.metrics, res.metrics)
             if res.infra is not None:
                 raise InfraFailure(*res.infra)
             if any(m.get("episode_done") for m in res.metrics):  # e.g. a `submit` tool: the episode ends here
@@ -599,6 +600,15 @@ class AgentLoop:
             traj.metrics.update(ep.session.reward_metrics)  # e.g. a verifier's named rewards
             return reward
         return 0.0
+
+
+def _add_tool_metrics(into: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+    """Sum the calls' namespaced numeric metrics (a "/" in the name, e.g. MCP's mcp/retried) into the trajectory's;
+    the rollout metrics then log their total over the batch (rollout/mcp/retried)."""
+    for metrics in calls:
+        for key, value in metrics.items():
+            if "/" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+                into[key] = into.get(key, 0.0) + float(value)
 
 
 def prompt_text(messages: list[Message]) -> str:

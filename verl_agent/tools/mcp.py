@@ -72,14 +72,17 @@ class MCPTool(BaseTool):
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
                       ) -> tuple[ToolResponse, float, dict[str, Any]]:
-        result = await on_mcp_loop(self.server.call(instance_id, self.name, parameters, retry=self.idempotent))
+        result, retried = await on_mcp_loop(self.server.call(instance_id, self.name, parameters,
+                                                             retry=self.idempotent))
         parts = [_part_text(p) for p in result.content or []]
         text = self.separator.join(parts)
         if not parts and result.structured_content is not None:
             text = json.dumps(result.structured_content, ensure_ascii=False)
         if result.is_error and not text.lower().startswith("error"):  # the model is told it failed
             text = f"Error: {text or 'the tool failed'}"
-        return ToolResponse(text=text), 0.0, self._metrics(parts, bool(result.is_error))
+        # "mcp/retried": summed per trajectory and logged as rollout/mcp/retried (calls run again on a fresh server)
+        return ToolResponse(text=text), 0.0, {**self._metrics(parts, bool(result.is_error)),
+                                              "mcp/retried": float(retried)}
 
     def _metrics(self, parts: list[str], is_error: bool) -> dict[str, Any]:
         return {"mcp_is_error": is_error}

@@ -355,19 +355,20 @@ class MCPServer:
             await self._drop(trajectory)
             self._starting.pop(trajectory, None)
 
-    async def call(self, trajectory: str, tool: str, arguments: dict[str, Any], retry: bool = False) -> Any:
-        """`tools/call` under the rate limit and the timeout; returns the SDK's CallToolResult. `retry`: the
-        tool is read-only or idempotent, so a call that a crash or a hang cut off runs once more on the fresh
-        server (a second failure is final)."""
+    async def call(self, trajectory: str, tool: str, arguments: dict[str, Any], retry: bool = False
+                   ) -> tuple[Any, bool]:
+        """`tools/call` under the rate limit and the timeout: (the SDK's CallToolResult, whether it was called
+        again). `retry`: the tool is read-only or idempotent, so a call that a crash or a hang cut off runs once
+        more on the fresh server (a second failure is final)."""
         try:
-            return await self._call_once(self._key(trajectory), tool, arguments)
+            return await self._call_once(self._key(trajectory), tool, arguments), False
         except ToolUnavailable as e:
             if not retry or e.cause not in ("mcp_server_hung", "mcp_server_crashed"):
                 raise
             self.retries += 1
             logger.warning("MCP server %r: %s; calling %r again on the fresh server (the tool is annotated "
                            "read-only or idempotent)", self.name, e, tool)
-        return await self._call_once(self._key(trajectory), tool, arguments)
+        return await self._call_once(self._key(trajectory), tool, arguments), True
 
     async def _call_once(self, key: str | None, tool: str, arguments: dict[str, Any]) -> Any:
         from mcp import MCPError

@@ -5,7 +5,8 @@ run's held-out curve in a results file, and plot the mean over seeds with the mi
     plot_seeds(results, Path("plot.png"), "title", xlabel="training step", ylabel="held-out success (%)")
 
 `config_for(variant, seed, run_dir)` gives the run's config. The results file maps variant -> seed ->
-``{"curve": [[x, success], ...], "seconds": s}`` and is rewritten after every run, so a stopped sweep keeps
+``{"curve": [[x, success], ...], "seconds": s}`` (and, for each metric named in `keep`, ``"series": {key:
+[[step, value], ...]}`` from the lines that log it) and is rewritten after every run, so a stopped sweep keeps
 what finished, and a rerun skips the (variant, seed) pairs it already holds. Runs are sequential in one Ray
 instance, to leave the machine's other cores alone.
 """
@@ -20,26 +21,33 @@ from typing import Any
 
 from verl_agent.config import RunConfig
 
-__all__ = ["plot_seeds", "run_sweep", "val_curve"]
+__all__ = ["metric_series", "plot_seeds", "run_sweep", "val_curve"]
 
 Results = dict[str, dict[str, dict[str, Any]]]
 
 
-def val_curve(run_dir: Path, samples_per_step: int = 1) -> list[tuple[int, float]]:
-    """(step x samples_per_step, val/success_rate) of each evaluation in a run's metrics.jsonl (a step logged
+def metric_series(run_dir: Path, key: str, samples_per_step: int = 1) -> list[tuple[int, float]]:
+    """(step x samples_per_step, value) of every line of a run's metrics.jsonl that logs `key` (a step logged
     twice, as after a resume, counts once: its last line)."""
     out = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
-        if "val/success_rate" in m:
-            out[int(m["step"]) * samples_per_step] = float(m["val/success_rate"])
+        if key in m:
+            out[int(m["step"]) * samples_per_step] = float(m[key])
     return sorted(out.items())
 
 
+def val_curve(run_dir: Path, samples_per_step: int = 1) -> list[tuple[int, float]]:
+    """(step x samples_per_step, val/success_rate) of each evaluation in a run's metrics.jsonl."""
+    return metric_series(run_dir, "val/success_rate", samples_per_step)
+
+
 def run_sweep(variants: list[str], seeds: list[int], config_for: Callable[[str, int, Path], RunConfig],
-              results_path: Path, runs: Path, per_sample: bool = False) -> Results:  # fmt: skip
+              results_path: Path, runs: Path, per_sample: bool = False, keep: tuple[str, ...] = ()
+              ) -> Results:  # fmt: skip
     """Train every (variant, seed) not yet in `results_path`, seed by seed (a stopped sweep still has every
-    variant's first seeds); the curve's x is the step, or the training trajectories seen with `per_sample`."""
+    variant's first seeds); the curve's x is the step, or the training trajectories seen with `per_sample`;
+    `keep`: metrics kept as series by step (e.g. val/context/rewrites)."""
     from verl_agent.trainer.workers.controller import init_ray
     from verl_agent.trainer.loop import train
 
@@ -56,8 +64,10 @@ def run_sweep(variants: list[str], seeds: list[int], config_for: Callable[[str, 
             t0 = time.perf_counter()
             train(cfg)
             per_step = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n if per_sample else 1
-            results.setdefault(name, {})[str(seed)] = {
-                "curve": val_curve(run_dir, per_step), "seconds": round(time.perf_counter() - t0, 1)}
+            run: dict[str, Any] = {"curve": val_curve(run_dir, per_step), "seconds": round(time.perf_counter() - t0, 1)}
+            if keep:
+                run["series"] = {key: metric_series(run_dir, key) for key in keep}
+            results.setdefault(name, {})[str(seed)] = run
             results_path.write_text(json.dumps(results, indent=1))
     finally:
         if started:
