@@ -266,22 +266,17 @@ async def test_sleep_discarding_weights_frees_them_and_needs_every_parameter_bac
 
 
 @pytest.mark.slow
-async def test_torch_compiled_decode_samples_what_the_eager_one_does():
+async def test_torch_compiled_decode_samples_what_the_eager_one_does(small_model):
     """rollout.enable_torch_compile: the compiled decode step (CPU: inductor's C++ kernels) gives the eager
-    engine's tokens (same seed) and log-probs within float tolerance. The layers are compiled one by one
-    (regional): each is a dynamo graph of its own, and with more layers than dynamo's default recompile limit
-    (8 graphs of one code) every layer still runs compiled, static and dynamic."""
-    model = random_qwen2(layers=5)
+    engine's tokens (same seed) and log-probs within float tolerance."""
     prompts = PROMPTS * 3  # 12 rows: two decode row buckets as rows finish
     sp = [SamplingParams(temperature=1.0, max_new_tokens=8 + i, seed=i) for i in range(len(prompts))]
     outs = {}
     for compiled in (False, True):
-        engine = HFEngine(model, stop_on_eos=False, torch_compile=compiled)
-        frames, graphs = (torch._dynamo.utils.counters[k][v] for k, v in (("frames", "ok"), ("stats", "unique_graphs")))
+        engine = HFEngine(small_model, stop_on_eos=False, torch_compile=compiled)
+        frames = torch._dynamo.utils.counters["frames"]["ok"]
         outs[compiled] = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, sp)))
         assert (torch._dynamo.utils.counters["frames"]["ok"] > frames) == compiled  # compiled only when asked
-        if compiled:  # 5 layers x (static, dynamic): none left eager by the recompile limit
-            assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 10
         await engine.close()
     for eager, comp in zip(outs[False], outs[True]):
         assert comp.token_ids == eager.token_ids

@@ -39,17 +39,6 @@ GraphCapture = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], None], 
 logger = logging.getLogger(__name__)
 
 
-def decoder_layers(model: Any) -> list[torch.nn.Module]:
-    """The model's repeated blocks: the modules of the classes it declares unsplittable (_no_split_modules),
-    else the longest ModuleList."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if layers:
-        return layers
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
-
-
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -100,12 +89,8 @@ class ModelRunner:
         # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
         # dozens a layer, each a kernel of its own even inside a CUDA graph). Decode steps only: their shapes
         # come from a few buckets; prefill chunks change shape at nearly every call.
-        # Regional: the decoder layers are compiled, not the whole model. Dynamo traces each layer (its
-        # layer_idx is a constant of its graph), but the graphs are the same up to their inputs, so Inductor
-        # compiles ONE layer per decode shape kind and the other layers hit its FX-graph cache.
         # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes.
-        self.compiled_layers = [(layer, torch.compile(layer._call_impl, dynamic=None))
-                                for layer in decoder_layers(model)] if compile_decode else []  # fmt: skip
+        self.decode_model = torch.compile(model, dynamic=None) if compile_decode else model
         key = compile_key(model.config, self.dtype, self.device) if compile_decode else None
         self.compile_cache = CompileCache(key) if key else None
         if self.compile_cache is not None:  # earlier runs' compiles of this shape (compile_cache.py)
@@ -116,24 +101,6 @@ class ModelRunner:
         self.graphs: dict[tuple[int, int], tuple[Callable[[], None], torch.Tensor]] = {}
         self.busy_s = 0.0  # time inside forward + sampling (synchronised by the caller's .tolist())
         self.capture_s, self.captures = 0.0, 0  # graph recordings (once per bucket while addresses hold)
-
-    @contextmanager
-    def compiled(self) -> Iterator[None]:
-        """The decoder layers through their compiled forwards (decode steps; prefill stays eager)."""
-        if not self.compiled_layers:
-            yield
-            return
-        for layer, fn in self.compiled_layers:
-            layer._compiled_call_impl = fn  # what nn.Module.compile sets: __call__ runs it instead of forward
-        # each layer is a dynamo graph of its own (its layer_idx picks its KV): room for all of them, static and
-        # dynamic (dynamo's settings are per thread: set here, in the thread that runs the step)
-        limit = max(torch._dynamo.config.recompile_limit, 2 * len(self.compiled_layers) + 8)
-        try:
-            with torch._dynamo.config.patch(recompile_limit=limit):
-                yield
-        finally:
-            for layer, _ in self.compiled_layers:
-                layer._compiled_call_impl = None
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -193,8 +160,9 @@ class ModelRunner:
         zero = torch.zeros((), dtype=self.dtype, device=self.device)
         return torch.where(visible, zero, torch.finfo(self.dtype).min)[:, None]
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = self.model(
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, model: Any = None
+                 ) -> torch.Tensor:  # fmt: skip
+        out = (self.model if model is None else model)(
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
             **{self.cache_kw: self.pool},
         )  # fmt: skip
@@ -248,8 +216,7 @@ class ModelRunner:
         write = torch.where(active.bool(), pos, pool.scratch)[:, None]
         mask = self._mask((self.kv_arange[:kv_len][None, :] <= pos[:, None])[:, None, :])
         pool.plan(write, kv_len)
-        with self.compiled():
-            return self._forward(ids[:, None], pos[:, None], mask)
+        return self._forward(ids[:, None], pos[:, None], mask, self.decode_model)
 
     def _capture(self, rows: int, kv_len: int) -> tuple[Callable[[], None], torch.Tensor] | None:
         """Record the decode step for one bucket."""

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from verl_agent.engine.model_runner import decoder_layers
 from verl_agent.rollout.build import resolve_model_path
 
 __all__ = ["load_causal_lm", "shard", "iter_full_param_buckets", "make_scheduler", "ValueModel"]
@@ -32,6 +31,15 @@ def load_causal_lm(path: str, dtype: str = "float32", gradient_checkpointing: bo
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:  # models that do not declare _no_split_modules: take the first ModuleList of blocks
+        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+        layers = list(lists[0]) if lists else []
+    return layers
 
 
 def shard(model: nn.Module, mesh, device_type: str, reshard_after_forward: bool = True, offload: bool = False
@@ -52,7 +60,7 @@ def shard(model: nn.Module, mesh, device_type: str, reshard_after_forward: bool 
     # LoRA: a frozen bf16 base beside fp32 adapters (FSDP2 wants one dtype among the trained parameters only)
     if device_type == "cuda" and any(p.dtype == torch.float32 for p in model.parameters()):
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in decoder_layers(model):
+    for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
