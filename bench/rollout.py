@@ -117,7 +117,13 @@ def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repe
         if stats is not None and m1.get("engine/decode_steps"):
             steps = m1["engine/decode_steps"] - m0["engine/decode_steps"]
             decode_s = m1["engine/decode_s"] - m0["engine/decode_s"]
-            stats.update(first_call_s=first_s, decode_step_ms=1e3 * decode_s / steps)
+            stats.update(first_call_s=first_s, decode_step_ms=1e3 * decode_s / steps,
+                         graph_captures=m0.get("engine/graph_captures", 0.0),
+                         graph_capture_s=m0.get("engine/graph_capture_s", 0.0))
+            if torch_compile:  # where the compile time went: dynamo's timed phases, summed over graphs (seconds)
+                from torch._dynamo.utils import compilation_time_metrics
+
+                stats.update({f"compile_{k}": sum(v) for k, v in compilation_time_metrics.items() if sum(v) > 0.5})
         await engine.close()
         return best
 
