@@ -81,6 +81,20 @@ def test_packs_cut_by_shared_prefix_and_budget() -> None:
     assert twins[0].prefix_len == a[0].num_tokens - 1 and twins[0].num_tokens == a[0].num_tokens + 1
 
 
+def test_a_prefix_common_to_all_groups_does_not_merge_them() -> None:
+    """A chat template's system turn starts every prompt: the groups still pack by their own whole prompts
+    (2 x 7 x 90 tokens saved), not into one pack sharing the template (15 x 40)."""
+    g = torch.Generator().manual_seed(5)
+    template = _tokens(40, g)
+    groups = []
+    for uid in "ab":
+        prompt = template + _tokens(50, g)
+        groups += [_seq(prompt, _tokens(20, g), uid, g) for _ in range(8)]
+    packs = pack_sequences(groups, 32, max_tokens=10_000)
+    assert sorted((len(p.seqs), p.prefix_len) for p in packs) == [(8, 90), (8, 90)]
+    assert sum(p.saved_tokens for p in packs) == 2 * 7 * 90
+
+
 def test_packed_mask_sees_prefix_and_own_suffix_only() -> None:
     g = torch.Generator().manual_seed(1)
     seqs = grpo_group(g, n=2, prompt=4)

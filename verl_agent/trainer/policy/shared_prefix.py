@@ -58,30 +58,38 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def pack_sequences(seqs: list[TrainSeq], min_shared: int, max_tokens: int | None = None) -> list[Pack]:
-    """Cut `seqs` into packs: sequences sharing at least `min_shared` leading tokens go together, and a pack
-    grows only while its row stays within `max_tokens` (a micro-batch's budget). The shared prefix stops at
-    least one token before each member's end, so every member keeps a suffix of its own.
+    """Cut `seqs` into the packs that skip the most repeated tokens: each pack's members share at least
+    `min_shared` leading tokens, and its row stays within `max_tokens` (a micro-batch's budget). The shared
+    prefix stops at least one token before each member's end, so every member keeps a suffix of its own.
 
-    Order: sequences sorted by their tokens (equal prefixes are neighbours); a pack's members keep that order.
+    Sorted by their tokens, sequences with a common prefix are neighbours, and a pack is a run of neighbours;
+    the runs are chosen by dynamic programming on the tokens saved, (members - 1) x shared prefix, so that a
+    prefix common to everything (a chat template's system turn) never swallows the groups' longer prompts.
     """
-    order = sorted(range(len(seqs)), key=lambda i: seqs[i].input_ids)
+    ordered = sorted(seqs, key=lambda s: s.input_ids)
+    n = len(ordered)
+    lcp = [0] + [_common_prefix(ordered[k - 1].input_ids, ordered[k].input_ids) for k in range(1, n)]
+    best, start = [0] * (n + 1), list(range(-1, n))  # best saving of ordered[:j], and where its last pack starts
+    for j in range(1, n + 1):
+        best[j], start[j] = best[j - 1], j - 1  # ordered[j-1] alone
+        shared, total = ordered[j - 1].num_tokens - 1, ordered[j - 1].num_tokens
+        for i in range(j - 2, -1, -1):  # the pack ordered[i:j]: the prefix only shrinks and the row only grows
+            shared = min(shared, lcp[i + 1], ordered[i].num_tokens - 1)
+            total += ordered[i].num_tokens
+            if shared < max(min_shared, 1) or (max_tokens is not None and total - (j - 1 - i) * shared > max_tokens):
+                break
+            if best[i] + (j - 1 - i) * shared > best[j]:
+                best[j], start[j] = best[i] + (j - 1 - i) * shared, i
     packs: list[Pack] = []
-    for i in order:
-        s = seqs[i]
-        if packs and len(packs[-1].seqs) and min_shared > 0:
-            last = packs[-1]
-            shared = min(last.prefix_len if len(last.seqs) > 1 else last.seqs[0].num_tokens - 1,
-                         _common_prefix(last.seqs[-1].input_ids, s.input_ids), s.num_tokens - 1)
-            grown = shared + sum(x.num_tokens - shared for x in last.seqs) + s.num_tokens - shared
-            if shared >= min_shared and (max_tokens is None or grown <= max_tokens):
-                last.seqs.append(s)
-                last.prefix_len = shared
-                continue
-        packs.append(Pack([s], s.num_tokens))
-    for p in packs:
-        if len(p.seqs) == 1:  # a pack of one is the sequence's own row
-            p.prefix_len = p.seqs[0].num_tokens
-    return packs
+    j = n
+    while j > 0:
+        i = start[j]
+        members = ordered[i:j]
+        shared = min([lcp[k] for k in range(i + 1, j)] + [m.num_tokens - 1 for m in members]) \
+            if len(members) > 1 else members[0].num_tokens  # a pack of one is the sequence's own row
+        packs.append(Pack(members, shared))
+        j = i
+    return packs[::-1]
 
 
 def packed_batch(packs: list[Pack], device: torch.device | str
