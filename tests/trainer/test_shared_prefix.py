@@ -168,3 +168,17 @@ def test_micro_batches_keep_packs_whole_within_budget() -> None:
     assert len(micro) == 3
     count = micro_batches(seqs, MicroBatching(dynamic=False, per_gpu=4, shared_prefix=32))
     assert [len({s.input_ids[0] for s in m}) for m in count] == [1, 1, 1]  # members kept together
+
+
+def test_default_packs_for_matmul_bound_models_only(dev_model_path) -> None:
+    """actor.shared_prefix_min_tokens None: packed rows from hidden size 2048 up (where the update is
+    matmul-bound), padded rows below; a number is taken as given."""
+    from transformers import Qwen2Config
+
+    from verl_agent.trainer.policy.policy import shared_prefix_tokens
+
+    small, big = _model(dev_model_path), torch.nn.Module()
+    big.config = Qwen2Config(hidden_size=3584)
+    assert small.config.hidden_size < 2048
+    assert shared_prefix_tokens(None, small) == 0 and shared_prefix_tokens(None, big) == 32
+    assert shared_prefix_tokens(16, small) == 16 and shared_prefix_tokens(0, big) == 0

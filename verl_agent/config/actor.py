@@ -100,10 +100,11 @@ class ActorConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
     shuffle: bool = Field(False, description="shuffle a rank's sequences before cutting mini-batches (seeded)")
-    shared_prefix_min_tokens: int = Field(
-        32, ge=0, description="sequences that start with at least this many equal tokens (a GRPO group's prompt) "
-        "run as one row in the log-prob and update passes, the shared prefix once (exact: trainer/policy/"
-        "shared_prefix.py); 0: one padded row per sequence")
+    shared_prefix_min_tokens: int | None = Field(
+        None, ge=0, description="sequences that start with at least this many equal tokens (a GRPO group's "
+        "prompt) run as one row in the log-prob and update passes, the shared prefix once (exact: trainer/policy/"
+        "shared_prefix.py); 0: one padded row per sequence; None: 32 for models of hidden size >= 2048 (their "
+        "update is matmul-bound, so the skipped tokens pay), else 0")
 
 
 class RefConfig(Section):

@@ -28,7 +28,7 @@ from verl_agent.trainer.policy.prepare import apply_rollout_correction, assign_a
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
 
-__all__ = ["AdvantageResult", "Policy", "old_log_probs_from_actor", "rollout_is_level"]
+__all__ = ["AdvantageResult", "Policy", "old_log_probs_from_actor", "rollout_is_level", "shared_prefix_tokens"]
 
 
 @dataclass
@@ -66,6 +66,20 @@ def rollout_is_level(cfg: RunConfig) -> str:
     return level
 
 
+# Shared prefixes skip matmul work but attend through a dense mask: a net gain where the update is
+# matmul-bound (large hidden sizes), a loss where small kernels and launches dominate it.
+SHARED_PREFIX_MIN_HIDDEN = 2048
+SHARED_PREFIX_DEFAULT_TOKENS = 32
+
+
+def shared_prefix_tokens(setting: int | None, model: torch.nn.Module) -> int:
+    """actor.shared_prefix_min_tokens with None resolved for `model` (see SHARED_PREFIX_MIN_HIDDEN)."""
+    if setting is not None:
+        return setting
+    hidden = getattr(getattr(model, "config", None), "hidden_size", 0) or 0
+    return SHARED_PREFIX_DEFAULT_TOKENS if hidden >= SHARED_PREFIX_MIN_HIDDEN else 0
+
+
 class Policy:
     """The sharded actor (+ ref for the KL, + critic for GAE) of one train rank, their optimizers and LR
     schedules, and the training passes over this rank's sequences: log-probs, advantages, update."""
@@ -86,7 +100,7 @@ class Policy:
                              rc.reshard_after_forward, rc.param_offload)
         # the micro-batch token budget and the engine's KV budget that fit this device (collective)
         self.memory = plan_memory(cfg, self.actor, device, [m for m in (self.actor, self.ref) if m is not None])
-        share = a.shared_prefix_min_tokens
+        share = shared_prefix_tokens(a.shared_prefix_min_tokens, self.actor)
         self.mb = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens, a.ppo_micro_batch_size_per_gpu, share)
         self.mb_log_prob = MicroBatching(a.use_dynamic_bsz, self.memory.max_tokens,
                                          arr.rollout.log_prob_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu,
