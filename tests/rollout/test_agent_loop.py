@@ -279,6 +279,31 @@ async def test_success_is_ok_and_budget_is_a_policy_failure(chat_tokenizer, roll
     assert (long.stop_reason, long.outcome, long.cause) == ("response_budget", "policy_failure", "budget_exhausted")
 
 
+async def test_a_prompt_too_long_with_tools_names_the_tool_block(chat_tokenizer, rollout_cfg, caplog):
+    """The chat template renders every tool schema into every prompt: a prompt the tools push past
+    data.max_prompt_length says how many of its tokens they take (refused), or warns once (filtered)."""
+    from verl_agent.chat import ChatEncoder
+    from verl_agent.rollout.tool_budget import tool_tokens
+
+    tok, tools = chat_tokenizer, {"calculator": CalculatorTool()}
+    schema = [CalculatorTool().get_openai_tool_schema().to_openai()]
+    block = tool_tokens(tok, schema)
+    bare = len(ChatEncoder(tok).encode_prompt(sample().messages))
+    assert block > 0
+    limit = bare + block // 2  # fits without the tools, not with them
+    refused = AgentLoop(scripted_engine(tok, ["x"]), tok, rollout_cfg, tools=tools, max_prompt_length=limit,
+                        max_response_length=10)
+    traj = (await refused.run([sample()], 1, SP)).trajectories[0]
+    assert traj.cause == "prompt_too_long" and f"{block} of them the schemas of 1 tools" in traj.error
+    filtered = AgentLoop(scripted_engine(tok, ["x"]), tok, rollout_cfg, tools=tools, max_prompt_length=limit,
+                         max_response_length=10, overlong_prompts="filter")
+    with caplog.at_level("WARNING", logger="verl_agent.rollout.agent_loop"):
+        batch = await filtered.run([sample()], 3, SP)
+    assert all(t.outcome == "filtered" for t in batch.trajectories)
+    warnings = [r.getMessage() for r in caplog.records if "filtered out" in r.getMessage()]
+    assert len(warnings) == 1 and f"{block} of them the schemas" in warnings[0]
+
+
 @pytest.mark.parametrize("policy", ["error", "filter", "left", "right"])
 async def test_overlong_prompt_policies(chat_tokenizer, rollout_cfg, policy):
     tok = chat_tokenizer

@@ -172,6 +172,8 @@ class AgentLoop:
         if self.context.name == "summarize":
             self.mt.check_summary_room(self._summary_request)  # config load checked it without the prompt's tokens
         self._warned_skip = False
+        self._tool_block_tokens: dict[tuple[str, ...], int] = {}  # tool names -> their schemas' prompt tokens
+        self._warned_filter = False
 
     async def run(self, samples: list[Sample], n: int, sampling: SamplingParams) -> RolloutBatch:
         """n trajectories per sample (GRPO groups share the sample uid), all concurrently, in sample order."""
@@ -245,10 +247,10 @@ class AgentLoop:
         traj.messages = ep.transcript = ep.messages
         await self._start_interaction(ep, sample, stack)
         ep.head = len(ep.messages)
-        traj.prompt_ids = self._fit_prompt(list(encoder.encode_prompt(ep.messages)))
+        traj.prompt_ids = self._fit_prompt(list(encoder.encode_prompt(ep.messages)), session)
         return ep
 
-    def _fit_prompt(self, ids: list[int]) -> list[int]:
+    def _fit_prompt(self, ids: list[int], session: Any = None) -> list[int]:
         """Apply the overlong-prompt policy; an empty list means "filtered" (see the module docstring)."""
         limit = self.max_prompt_length
         if len(ids) <= limit:
@@ -258,9 +260,28 @@ class AgentLoop:
         if self.overlong_prompts == "right":
             return ids[:limit]
         if self.overlong_prompts == "filter":
+            if not self._warned_filter:  # filtered prompts never reach the loss: say once why they go
+                self._warned_filter = True
+                logger.warning("a prompt of %d tokens > data.max_prompt_length=%d is filtered out%s; later ones "
+                               "are filtered silently", len(ids), limit, self._tool_share(session))
             return []
-        raise InfraFailure("prompt_too_long", f"prompt has {len(ids)} tokens > data.max_prompt_length={limit}; "
-                           "set data.filter_overlong_prompts=true or data.truncation=left|right")
+        raise InfraFailure("prompt_too_long", f"prompt has {len(ids)} tokens > data.max_prompt_length={limit}"
+                           f"{self._tool_share(session)}; set data.filter_overlong_prompts=true or "
+                           "data.truncation=left|right")
+
+    def _tool_share(self, session: Any) -> str:
+        """How much of a prompt the tool schemas take (the chat template renders all of them into it): the
+        usual cause of prompts that outgrow data.max_prompt_length once tools are added."""
+        if session is None:
+            return ""
+        from verl_agent.rollout.tool_budget import tool_tokens
+
+        schemas = session.schemas()
+        key = tuple(sorted(s["function"]["name"] for s in schemas))
+        if key not in self._tool_block_tokens:  # one measure per tool set, not per prompt
+            self._tool_block_tokens[key] = tool_tokens(self.tokenizer, schemas)
+        return (f", {self._tool_block_tokens[key]} of them the schemas of {len(schemas)} tools "
+                "(`verl-agent tools list CONFIG` shows each tool's share)")
 
     async def _start_interaction(self, ep: _Episode, sample: Sample, stack: contextlib.AsyncExitStack) -> None:
         """Attach the interaction named by interaction_kwargs["name"] (or the only one configured)."""
