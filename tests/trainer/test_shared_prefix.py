@@ -179,6 +179,11 @@ def test_default_packs_for_matmul_bound_models_only(dev_model_path) -> None:
 
     small, big = _model(dev_model_path), torch.nn.Module()
     big.config = Qwen2Config(hidden_size=3584)
+    big.config._attn_implementation = "sdpa"
     assert small.config.hidden_size < 2048
     assert shared_prefix_tokens(None, small) == 0 and shared_prefix_tokens(None, big) == 32
     assert shared_prefix_tokens(16, small) == 16 and shared_prefix_tokens(0, big) == 0
+    # a model without a 4-D mask path keeps padded rows (and micro-batches budgeted as such), with a warning
+    flash = _model(dev_model_path)
+    flash.config._attn_implementation = "flash_attention_2"
+    assert shared_prefix_tokens(32, flash) == 0 and shared_prefix_tokens(None, flash) == 0

@@ -46,8 +46,8 @@ from verl_agent.trainer.policy.batch import TrainSeq, pad_field
 from verl_agent.trainer.policy.prepare import add_rollout_is_stats, rollout_is_metrics, rollout_is_weights
 from verl_agent.trainer.policy.shared_prefix import Pack, pack_sequences, packed_batch, supports_packing
 
-__all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "model_inputs", "shared_packs", "forward_values", "micro_batches", "reduce_op",
-           "update_actor", "update_critic"]
+__all__ = ["LogProbHead", "MicroBatching", "forward_log_probs", "forward_values", "micro_batches", "model_inputs",
+           "reduce_op", "shared_packs", "update_actor", "update_critic"]
 
 # A pack's row attends through a [W, W] mask (the attention kernels do not skip its masked blocks): packs stay
 # below this width so that the mask and the attention over it stay small beside the activations.

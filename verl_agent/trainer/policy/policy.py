@@ -9,6 +9,7 @@ GRPO groups are whole on one rank, so group advantages are local. Every method i
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,10 +24,13 @@ from verl_agent.trainer.algorithms.advantage_base import needs_critic
 from verl_agent.trainer.policy.batch import TrainSeq
 from verl_agent.trainer.policy.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
 from verl_agent.trainer.policy.memory import plan_memory
+from verl_agent.trainer.policy.shared_prefix import supports_packing
 from verl_agent.trainer.policy.prepare import apply_rollout_correction, assign_advantages, filter_groups, log_prob_metrics
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["AdvantageResult", "Policy", "old_log_probs_from_actor", "rollout_is_level", "shared_prefix_tokens"]
 
@@ -73,7 +77,14 @@ SHARED_PREFIX_DEFAULT_TOKENS = 32
 
 
 def shared_prefix_tokens(setting: int | None, model: torch.nn.Module) -> int:
-    """actor.shared_prefix_min_tokens with None resolved for `model` (see SHARED_PREFIX_MIN_HIDDEN)."""
+    """actor.shared_prefix_min_tokens with None resolved for `model` (see SHARED_PREFIX_MIN_HIDDEN); 0 where
+    the model cannot take packed rows, so that micro-batches are budgeted as the padded rows they run."""
+    if not supports_packing(model):
+        if setting:
+            logger.warning("actor.shared_prefix_min_tokens=%d: this model's attention (%s, or sliding-window "
+                           "layers) takes no custom 4-D mask; padded rows are used", setting,
+                           getattr(getattr(model, "config", None), "_attn_implementation", None))
+        return 0
     if setting is not None:
         return setting
     hidden = getattr(getattr(model, "config", None), "hidden_size", 0) or 0
