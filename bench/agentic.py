@@ -234,7 +234,8 @@ def build_model(a):
         return AutoModelForCausalLM.from_pretrained(str(build_tiny())).to(a.device).eval()
     cfg = Qwen2Config(max_position_embeddings=32768, eos_token_id=151643, **SHAPES[a.shape])
     dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
-    return AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(a.device).eval()
+    with _ticking(f"building the {a.shape} model on {a.device}", a.progress_every), torch.device(a.device):
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()  # initialised where it runs: seconds
 
 
 def parse() -> argparse.Namespace:

@@ -13,7 +13,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.fused_norms import FusedNorms
+from verl_agent.engine.fused_norms import FusedNorms, fuse_norms
 from verl_agent.engine.backends.hf_engine import HFEngine
 
 PROMPTS = [[5 + i + j for j in range(1 + i % 4)] for i in range(8)]
@@ -80,3 +80,26 @@ def test_a_norm_with_another_formula_keeps_its_forward():
         assert type(model["offset"]) is OffsetRMSNorm and type(model["llama"]).__name__ == "FusedLlamaRMSNorm"
         torch.testing.assert_close(model["offset"](x), before, atol=0, rtol=0)
     assert type(model["llama"]) is LlamaRMSNorm  # back to its own class after the engine's forward
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_trained_through_fused_norms_the_gradients_are_the_models_own(dtype):
+    """`fuse_norms` (the trainer's copy, switched for good): loss and every parameter's gradient equal the
+    model's own norms' with gradient checkpointing on, and the forward runs the fused kernel."""
+    ids = torch.randint(2, 96, (2, 17), generator=torch.Generator().manual_seed(0))
+    grads = {}
+    for fused in (False, True):
+        model = _model(dtype).train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if fused:
+            assert fuse_norms(model) == 2 * 3 + 1
+        with torch.profiler.profile() as prof:
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+        calls = sum(e.name == "aten::_fused_rms_norm" for e in prof.events())
+        assert calls == (2 * (2 * 3) + 1 if fused else 0)  # each layer's two norms again in its recompute
+        grads[fused] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+    tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(grads[True][0], grads[False][0], **tol)
+    for name, g in grads[False][1].items():
+        torch.testing.assert_close(grads[True][1][name], g, **tol, msg=lambda m, n=name: f"{n}: {m}")

@@ -4,14 +4,16 @@ in value and gradient; the on-policy shortcut (old_log_probs None) gives PPO's u
 from __future__ import annotations
 
 import copy
+import weakref
 
 import pytest
 import torch
 from torch.testing import assert_close
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from verl_agent.trainer.policy.actor import LogProbHead, MicroBatching, forward_log_probs, update_actor
 from verl_agent.trainer.algorithms import entropy_from_logits
-from verl_agent.trainer.algorithms.losses import chunked_log_probs
+from verl_agent.trainer.algorithms.losses import LOGIT_BUFFERS, chunked_log_probs
 
 
 def _plain(h, w, t, temp):
@@ -52,6 +54,42 @@ def test_chunked_bf16_close_to_plain() -> None:
     w.grad = None
     ref.sum().backward()
     assert_close(gw, w.grad.float(), rtol=2e-2, atol=2e-2)
+
+
+class _LiveBigTensors(TorchDispatchMode):
+    """Tracks the bytes of live tensors of at least `numel` elements (by storage), and their peak."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.live, self.peak = numel, {}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, torch.Tensor) and t.numel() >= self.numel:
+                key = t.untyped_storage().data_ptr()
+                if key not in self.live:
+                    self.live[key] = t.untyped_storage().nbytes()
+                    weakref.finalize(t.untyped_storage(), self.live.pop, key, None)
+        self.peak = max(self.peak, sum(self.live.values()))
+        return out
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_chunked_head_holds_at_most_the_planned_logit_buffers(with_entropy: bool) -> None:
+    """The memory plan counts LOGIT_BUFFERS fp32 [chunk, vocab] buffers for the head, forward and backward."""
+    g = torch.Generator().manual_seed(0)
+    chunk, vocab = 8, 4096
+    h = torch.randn(32, 16, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(vocab, 16, generator=g).bfloat16().requires_grad_()
+    t = torch.randint(0, vocab, (32,), generator=g)
+    with _LiveBigTensors(chunk * vocab) as mode:
+        logp, ent = chunked_log_probs(h, w, t, chunk=chunk, with_entropy=with_entropy)
+        (logp.sum() + (ent.sum() if with_entropy else 0)).backward()
+    # the [vocab, hidden] head gradient (fp32) and one chunk's product (bf16) are as large as a chunk here
+    head = vocab * 16 * (4 + 2)
+    assert 0 < mode.peak <= LOGIT_BUFFERS * chunk * vocab * 4 + head
+    assert mode.peak > (LOGIT_BUFFERS - 1) * chunk * vocab * 4  # the bound is tight, not loose by a buffer
 
 
 def _seqs(random_seqs, n=5):

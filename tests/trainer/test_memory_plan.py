@@ -54,7 +54,8 @@ def test_estimate_terms_follow_the_shape():
     # 30 layers x (6 x 576 + 3 x 576 + 2 x 576 (K/V repeated to 9 heads) + 4 x 1536) fp32 values, one layer more
     # for the backward, + 4 x 576
     assert e.activations == 4096 * 4 * (31 * 12480 + 4 * 576)
-    assert e.logits == 6 * 2048 * 49152 * 4 + 49152 * 576 * 4  # one 2048-row chunk, never [tokens, vocab]
+    # one 2048-row chunk's two fp32 buffers, never [tokens, vocab]; the head's fp32 gradient and a product of it
+    assert e.logits == 2 * 2048 * 49152 * 4 + 49152 * 576 * (4 + 4)
     assert e.total == sum([e.runtime, e.weights, e.grads, e.optimizer, e.activations, e.logits, e.engine, e.kv])
     ckpt = estimate(shape, 4096, grad_ckpt=True)
     assert ckpt.activations * 5 < e.activations  # only layer inputs kept, one layer recomputed at a time

@@ -3,7 +3,9 @@ statistics and the scaling, where the models' own forward launches one per step:
 rsqrt, multiply). A decode step has two norms a layer over a few rows, so these small kernels cost more in
 launches than in work.
 
-The engine switches the layers only while it runs the model (`FusedNorms.active`, like the slot attention).
+The engine switches the layers only while it runs the model (`FusedNorms.active`, like the slot attention);
+the trainer switches its own model's layers for good (`fuse_norms`): autograd goes through the fused kernel's
+backward too, and the log-probs it differentiates come from the forward the engine samples with.
 The model's rounding points stay where they were: normalise in fp32, round to the input dtype, then multiply
 by the weight in that dtype, so the engine samples from the forward the trainer differentiates. A layer is
 switched only where its own forward gives the same output on its own weight (checked once per layer when
@@ -20,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FusedNorms"]
+__all__ = ["FusedNorms", "fuse_norms"]
 
 _FUSED: dict[type, type] = {}
 
@@ -77,3 +79,11 @@ class FusedNorms:
         finally:
             for module, own, _ in self.layers:
                 module.__class__ = own
+
+
+def fuse_norms(model: nn.Module) -> int:
+    """Switch the model's RMSNorm layers to the fused forward for good (the trainer's copy); how many."""
+    layers = FusedNorms(model).layers
+    for module, _, fused in layers:
+        module.__class__ = fused
+    return len(layers)

@@ -1,7 +1,9 @@
 """Model building blocks of a worker: load, shard with FSDP2, gather for the engine, LR schedule, critic.
 
 FSDP2 (`fully_shard`) is applied to every decoder layer and then to the root,
-so one layer's full parameters exist at a time during forward/backward. On
+so one layer's full parameters exist at a time during forward/backward. A single
+rank whose parameters are already in the compute dtype stays a plain module:
+there FSDP2 would shard nothing and only add copies. On
 GPU, parameters stay fp32 (the optimizer's master copy) and compute runs in
 bf16 through `MixedPrecisionPolicy`; on CPU everything is fp32 (FSDP2's
 CPU offload needs an accelerator, so it is not offered on CPU).
@@ -60,6 +62,10 @@ def shard(model: nn.Module, mesh, device_type: str, reshard_after_forward: bool 
     # LoRA: a frozen bf16 base beside fp32 adapters (FSDP2 wants one dtype among the trained parameters only)
     if device_type == "cuda" and any(p.dtype == torch.float32 for p in model.parameters()):
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if mesh.size() == 1 and not offload and "mp_policy" not in kwargs:
+        # One rank computing in its parameters' own dtype: FSDP2 would gather nothing, only copy every layer's
+        # weights in and its gradients out on each micro-batch. The plain module computes the same.
+        return model
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

@@ -33,6 +33,7 @@ from verl_agent.engine.kv_pool import (
     device_available_bytes, device_memory_bytes, kv_bytes_per_token, share_budget,
 )
 from verl_agent.trainer.algorithms.advantage_base import needs_critic
+from verl_agent.trainer.algorithms.losses import LOGIT_BUFFERS
 from verl_agent.trainer.weights.lora import engine_shares_base
 
 logger = logging.getLogger(__name__)
@@ -151,9 +152,9 @@ def estimate(shape: ModelShape, tokens: int, *, param_bytes: int = 4, act_bytes:
     layer_params = shape.params // max(shape.layers, 1)
     gathered = 0 if world == 1 else (1 - 1 / world) * (2 * layer_params + shape.vocab * shape.hidden)
     rows = tokens if response_rows is None else min(response_rows, tokens)
-    if fused_head:  # forward's chunk freed; backward: log p, p, the gradient and the entropy term's three
-        head_grad = shape.vocab * shape.hidden * 4 if trainable is None else 0  # LoRA: the head is frozen
-        logits = 6 * min(rows, chunk_rows) * shape.vocab * 4 + head_grad  # [chunk, vocab] fp32
+    if fused_head:  # one chunk's fp32 buffers; the head's fp32 gradient and one chunk's product added into it
+        head_grad = shape.vocab * shape.hidden * (4 + act_bytes) if trainable is None else 0  # LoRA: head frozen
+        logits = LOGIT_BUFFERS * min(rows, chunk_rows) * shape.vocab * 4 + head_grad
     else:  # the model's own logits for every token, then fp32 log-softmax of the response rows
         logits = tokens * shape.vocab * act_bytes + 3 * rows * shape.vocab * 4
     weights = (1 + extra_models) * shard * param_bytes + gathered * param_bytes

@@ -22,6 +22,7 @@ from verl_agent.trainer.policy.actor import (
 )
 from verl_agent.trainer.algorithms.advantage_base import needs_critic
 from verl_agent.trainer.policy.batch import TrainSeq
+from verl_agent.engine.fused_norms import fuse_norms
 from verl_agent.trainer.policy.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
 from verl_agent.trainer.policy.memory import plan_memory
 from verl_agent.trainer.policy.shared_prefix import supports_packing
@@ -132,7 +133,9 @@ class Policy:
             from verl_agent.trainer.weights.lora import wrap_lora
 
             model = wrap_lora(model, model_cfg)
-        return model if offload else model.to(self.device)  # offloaded shards stay on the host
+        model = model if offload else model.to(self.device)  # offloaded shards stay on the host
+        fuse_norms(model)
+        return model
 
     def _optimizer(self, model: torch.nn.Module, optim_cfg: Any) -> tuple[torch.optim.Optimizer, Any]:
         # fused AdamW on GPU: no temporary the size of the weights (the foreach default needs one)
