@@ -108,6 +108,35 @@ async def test_graphs_are_recorded_once_across_sleep_and_wake(fixed, monkeypatch
     await engine.close()
 
 
+async def test_borrowed_weights_stay_put_through_sleep_and_their_graphs_with_them():
+    """A model whose parameters are another model's tensors (the trainer's, trainer/weights/shared_weights.py):
+    no weight arena copies them, either sleep frees the KV arena alone (the parameters keep their tensors,
+    asked to discard or not), and the graphs recorded over them replay after the wake."""
+    from verl_agent.engine.backends.hf_engine import BORROWED_WEIGHTS
+
+    model = random_qwen2(seed=3)
+    setattr(model, BORROWED_WEIGHTS, True)
+    def tensors() -> list[tuple[int, torch.Size]]:
+        return [(p.data_ptr(), p.shape) for p in model.parameters()]
+
+    owned = tensors()
+    cap = AddressCheckedCapture()
+    engine = cap.engine = HFEngine(model, stop_on_eos=False, max_model_len=128, graph_capture=cap)
+    assert engine._params is None
+    first = await batch(engine)
+    recorded = engine.metrics()["engine/graph_captures"]
+    kv = engine._batcher.runner.pool.k[0]
+    for discard in (True, False):
+        await engine.sleep(discard_weights=discard)
+        assert resident_pages(kv) == 0
+        assert tensors() == owned
+        await engine.wake_up()
+        again = await batch(engine)  # no update_weights: nothing was discarded
+        assert [o.token_ids for o in again] == [o.token_ids for o in first]
+    assert engine.metrics()["engine/graph_captures"] == recorded == cap.recorded
+    await engine.close()
+
+
 def test_an_arena_keeps_its_addresses_and_gives_its_pages_back():
     """The CPU arena: carved tensors keep their address across release/commit; release frees the pages and
     they read as zeros afterwards; carving past the end is refused with the sizes."""

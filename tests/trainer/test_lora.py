@@ -223,30 +223,31 @@ def test_reference_pass_then_update_under_gpu_mixed_precision(tiny_model_path, o
 
 
 def test_engine_reads_the_trainers_base_on_one_rank(make_cfg, tiny_model_path, one_rank, random_seqs):
-    """One train rank, unmerged adapters, an engine that never sleeps: the colocated engine's parameters are
-    the actor's frozen base tensors (no copy), through updates and syncs, and it samples the actor's policy."""
+    """One train rank, unmerged adapters: the colocated engine's parameters are the actor's frozen base tensors
+    (no copy), through a sleep, an update and a sync, and it samples the actor's policy."""
     from types import SimpleNamespace
 
     from verl_agent.trainer.policy.policy import Policy
     from verl_agent.trainer.workers.rollout_worker import RolloutHost
     from verl_agent.trainer.weights.weight_transport import WeightSender
-    from verl_agent.trainer.weights import lora
+    from verl_agent.trainer.weights.shared_weights import actor_tensors, engine_shares_weights
     from verl_agent.trainer.policy import memory
     from worker_probes import _max_log_prob_gap
 
     cfg = make_cfg(*LORA, "trainer.num_cpu_workers=1", "actor_rollout_ref.rollout.lora_mode=unmerged",
-                   "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.optim.lr=1e-2")
-    assert lora.engine_shares_base(cfg, "cpu", 1) and not lora.engine_shares_base(cfg, "cpu", 2)
+                   "actor_rollout_ref.rollout.free_cache_engine=true", "actor_rollout_ref.actor.optim.lr=1e-2")
+    assert engine_shares_weights(cfg, "cpu", 1) and not engine_shares_weights(cfg, "cpu", 2)
     device = torch.device("cpu")
     policy = Policy(cfg, 0, device, one_rank, str(tiny_model_path))
     planned = memory._inputs(cfg, policy.actor, device, [policy.actor])
     assert planned.engine_bytes == 4 * policy.num_trainable_parameters  # the engine's adapters, no second base
     host = RolloutHost(cfg, 0, str(tiny_model_path), device, shards=1, kv_cache_bytes=policy.memory.kv_cache_bytes,
-                       shared_base=lora.base_tensors(policy.actor))
+                       shared_weights=actor_tensors(policy.actor, frozen_only=True))
     try:
-        base = lora.base_tensors(policy.actor)
+        base = actor_tensors(policy.actor, frozen_only=True)
         engine = dict(host.engine.model.named_parameters())
         assert engine.keys() == base.keys() and all(engine[n].data_ptr() == t.data_ptr() for n, t in base.items())
+        host.sleep()  # the sync loop's sleep (rollout.free_cache_engine) leaves the base where it is
         seqs = random_seqs(6, 300)
         for s in seqs:
             s.advantages = torch.linspace(-1, 1, s.response_len)

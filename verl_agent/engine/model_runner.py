@@ -84,7 +84,7 @@ class ModelRunner:
         self._new_capture = capture_factory(capture, cuda_graphs, self.device)
         self.capture = self._new_capture() if self._new_capture else None
         self.cuda_graphs = self.capture is not None  # decode steps are recorded and replayed
-        self.fixed_weights = False  # the engine keeps the weights at fixed addresses across sleep (arena.py)
+        self.fixed_weights = False  # the weights keep their addresses across sleep (arena.py, or borrowed)
         self.norms = FusedNorms(model) if fused_norms else None
         # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
         # dozens a layer, each a kernel of its own even inside a CUDA graph). Decode steps only: their shapes

@@ -18,6 +18,8 @@ weights instead, on any device, for callers that load them all again after
 With decode graphs the weights and the KV pool live in fixed-address arenas
 (arena.py): sleep gives their memory back, wake takes it again at the same
 addresses, and the recorded graphs replay without being recorded again.
+Weights borrowed from another model (`BORROWED_WEIGHTS`: the colocated trainer's tensors) are never moved,
+parked or dropped: `sleep()` frees the KV caches alone, whatever it is asked.
 """
 
 from __future__ import annotations
@@ -131,10 +133,10 @@ class HFEngine:
         self.device = torch.device(s.device)
         self._graph_capture = graph_capture
         graphs = graph_capture is not None or (s.cuda_graphs and self.device.type == "cuda")
-        # weights borrowed from another model (the trainer's LoRA base) stay where they are: copying them into an
-        # arena would double them, and such an engine never sleeps, so its graphs need no fixed addresses
-        borrowed = bool(getattr(model, BORROWED_WEIGHTS, False))
-        self.model, self._params = _load(model, s.device, s.dtype, fixed=graphs and not borrowed)
+        # weights borrowed from another model (the trainer's) stay where they are: an arena would copy them, and
+        # as they never move, the graphs that read them stay valid across a sleep without one
+        self._borrowed = bool(getattr(model, BORROWED_WEIGHTS, False))
+        self.model, self._params = _load(model, s.device, s.dtype, fixed=graphs and not self._borrowed)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self._stops = frozenset(_eos_ids(self.model)) if s.stop_on_eos else frozenset()
         self._generator = torch.Generator(device=self.device)
@@ -166,7 +168,7 @@ class HFEngine:
             cuda_graphs=s.cuda_graphs, max_num_batched_tokens=s.max_num_batched_tokens, generator=self._generator,
             compile_decode=s.torch_compile, fused_norms=s.fused_norms, capture=self._graph_capture,
         )  # fmt: skip
-        batcher.runner.fixed_weights = self._params is not None
+        batcher.runner.fixed_weights = self._params is not None or self._borrowed
         return batcher
 
     # -- Engine API ---------------------------------------------------------------------------
@@ -236,13 +238,20 @@ class HFEngine:
     async def sleep(self, discard_weights: bool = False) -> None:
         """Free the KV caches and the weights' device memory: the weights move to the host, or with
         `discard_weights` are dropped (no copy, for callers that push every parameter again); then
-        `generate` refuses until `update_weights` has replaced every parameter again."""
+        `generate` refuses until `update_weights` has replaced every parameter again. Borrowed weights stay
+        (the module docstring)."""
         async with self._get_lock():
             await asyncio.get_running_loop().run_in_executor(self._executor, self._free, discard_weights)
             self._asleep = True
 
     def _free(self, discard_weights: bool) -> None:
         self._batcher.free_memory()
+        if not self._borrowed:  # borrowed: another model's tensors, moving or emptying them would end the sharing
+            self._free_weights(discard_weights)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _free_weights(self, discard_weights: bool) -> None:
         if discard_weights:
             for name, p in self.model.named_parameters():  # tied parameters appear once
                 self._discarded.setdefault(name, (p, p.shape))
@@ -253,8 +262,6 @@ class HFEngine:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         elif self.device.type != "cpu":
             self.model.to("cpu")
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     async def wake_up(self) -> None:
         async with self._get_lock():
@@ -265,6 +272,8 @@ class HFEngine:
         """On the decode thread, so that its stream orders the copies before the next step."""
         if self.device.type == "cuda":  # the arenas take memory from the driver, not from torch's cache: give the
             torch.cuda.empty_cache()  # blocks a colocated trainer freed back first, as its allocations reused them
+        if self._borrowed:  # `_free` left them where they are
+            return
         if self._params is not None:
             self._params.restore()
         for p, shape in self._discarded.values():

@@ -34,7 +34,7 @@ from verl_agent.engine.kv_pool import (
 )
 from verl_agent.trainer.algorithms.advantage_base import needs_critic
 from verl_agent.trainer.algorithms.losses import LOGIT_BUFFERS
-from verl_agent.trainer.weights.lora import engine_shares_base
+from verl_agent.trainer.weights.shared_weights import engine_shares_weights
 
 logger = logging.getLogger(__name__)
 
@@ -250,14 +250,15 @@ class _Inputs:
     room: int
     longest: int  # tokens of one engine slot
     trained: int  # tokens of the longest trained sequence
-    engine_bytes: int  # the engine replica's weights
+    engine_bytes: int  # the engine replica's weights (0 when it reads the actor's)
     engine_transient: int  # its working memory while it generates (`engine_working_bytes`)
     kv_full: int  # KV of every slot filled to its end
     kv_min: int  # KV of one slot of the longest length
     kv_share: int  # what rollout.gpu_memory_utilization gives the engine on this device
     engine_sleeps: bool  # the engine frees its KV while the actor trains
-    drops_weights: bool = False  # ... and its weights, whose memory the update may use (on a GPU)
+    drops_weights: bool = False  # ... and its own weights, whose memory the update may use (on a GPU)
     generates_in_update: bool = False  # the async modes: the engine keeps generating while the actor trains
+    has_engine: bool = False  # a colocated hf engine, whose KV is planned here
 
 
 def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Module]) -> _Inputs:
@@ -282,13 +283,15 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
               runtime=max(0, now - held))
     longest = longest_sequence(cfg, config)
     engine = working = kv_full = kv_share = kv_min = 0
-    if t.placement == "colocated" and r.name == "hf":  # sglang servers and split rollout workers size their own
+    has_engine = t.placement == "colocated" and r.name == "hf"  # sglang servers and split rollout workers: their own
+    shares = has_engine and engine_shares_weights(cfg, device.type, world)
+    if has_engine:
         slots = r.max_num_seqs or engine_slots(cfg, world)
         dtype = getattr(torch, r.dtype or arr.model.dtype)
         size = torch.empty((), dtype=dtype).element_size()
         engine = (shape.params + _engine_lora_extra(actor, r.engine_lora_mode(device.type))) * size
-        if lora and engine_shares_base(cfg, device.type, world):  # it reads the actor's base: its adapters only
-            engine = sum(p.numel() for p in actor.parameters() if p.requires_grad) * size
+        if shares:  # it reads the actor's tensors: LoRA's adapters only
+            engine = sum(p.numel() for p in actor.parameters() if p.requires_grad) * size if lora else 0
         working = engine_working_bytes(shape, slots, r.max_num_batched_tokens, dtype)
         working += 0 if cuda else ROLLOUT_RUNTIME
         bpt = kv_bytes_per_token(config, dtype)
@@ -296,8 +299,8 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
         kv_share = share_budget(engine, shape.vocab, slots, r.gpu_memory_utilization, device, sharers=local)
     sleeps = t.mode == "sync" and r.free_cache_engine
     return _Inputs(shape, kw, now + int(free / local), longest, longest_trained(cfg, config), engine, working,
-                   kv_full, kv_min, kv_share, sleeps, drops_weights=sleeps and cuda,
-                   generates_in_update=t.mode != "sync")
+                   kv_full, kv_min, kv_share, sleeps, drops_weights=sleeps and cuda and not shares,
+                   generates_in_update=t.mode != "sync", has_engine=has_engine)
 
 
 def _engine_lora_extra(actor: nn.Module, mode: str) -> int:
@@ -332,7 +335,7 @@ _SMALLER = ("actor_rollout_ref.model.enable_gradient_checkpointing=true, a small
 def _kv_budget(p: _Inputs) -> int:
     """The engine's KV bytes: its configured share, cut to what the rollout phase (actor weights and optimizer
     state beside the engine) and, when the engine stays awake, an update of one longest sequence leave."""
-    if not p.engine_bytes:
+    if not p.has_engine:
         return 0
     base = estimate(p.shape, 0, **p.kw)
     cap = p.room - (base.runtime + base.weights + base.optimizer + p.engine_bytes + p.engine_transient)
@@ -395,7 +398,7 @@ def plan_memory(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[n
                     "actor_rollout_ref.actor.use_dynamic_bsz=true; or " + _SMALLER)
     tokens = min(fit, a.ppo_max_token_len_per_gpu) if a.use_dynamic_bsz else need_tokens
     plan = MemoryPlan(max_tokens=min(fit, a.ppo_max_token_len_per_gpu), room=p.room,
-                      kv_cache_bytes=kv if p.engine_bytes and device.type == "cpu" else None,
+                      kv_cache_bytes=kv if p.has_engine and device.type == "cpu" else None,
                       peak=estimate(p.shape, tokens, **p.kw, engine_bytes=_engine_in_update(p), kv_bytes=kv_in_update))
     logger.info("memory plan: %s", plan.describe())
     return plan

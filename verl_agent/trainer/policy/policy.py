@@ -27,6 +27,7 @@ from verl_agent.trainer.policy.fsdp import iter_full_param_buckets, load_causal_
 from verl_agent.trainer.policy.memory import plan_memory
 from verl_agent.trainer.policy.shared_prefix import supports_packing
 from verl_agent.trainer.policy.prepare import apply_rollout_correction, assign_advantages, filter_groups, log_prob_metrics
+from verl_agent.trainer.weights.shared_weights import engine_shares_weights
 
 if TYPE_CHECKING:
     from verl_agent.config import RunConfig
@@ -254,8 +255,12 @@ class Policy:
 
     def engine_weights(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The actor's full parameters, bucket by bucket, in the engine replica's dtype (collective); with LoRA
-        the adapter tensors alone (trainer/lora.py)."""
+        the adapter tensors alone (trainer/lora.py). An engine that reads the actor's parameters
+        (weights/shared_weights.py) gets one empty bucket: it holds the update already, and loading nothing
+        still orders it after the update and drops its stale KV."""
         arr = self.cfg.actor_rollout_ref
+        if not self.lora and engine_shares_weights(self.cfg, self.device.type, self.mesh.size()):
+            return iter([[]])
         dtype = getattr(torch, arr.rollout.dtype or arr.model.dtype)  # cast on the device
         bucket_bytes = (512 if self.device.type == "cuda" else 64) << 20
         if not self.lora:

@@ -5,7 +5,7 @@ adapters are fp32 master weights (PEFT's `autocast_adapter_dtype`). The referenc
 model with its adapters switched off (`reference_of`), never a second copy. The engine gets only the
 adapter tensors (`engine_adapter_tensors`), named after the base model's layers with B pre-scaled
 (engine/lora.py); with one train rank it may read the actor's base tensors instead of holding its own
-(`engine_shares_base`). The HF export is a PEFT adapter folder (`export_adapter`), plus, with
+(shared_weights.py). The HF export is a PEFT adapter folder (`export_adapter`), plus, with
 trainer.export_merged_model, the merged full model (`merged_tensors`).
 """
 
@@ -22,11 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from verl_agent.config import ConfigError
-from verl_agent.engine.backends.hf_engine import BORROWED_WEIGHTS
 
-__all__ = ["adapter_parameters", "base_name", "base_tensors", "engine_adapter_tensors", "engine_name",
-           "engine_shares_base", "export_adapter", "lora_scaling", "merged_tensors", "reference_of", "share_base",
-           "wrap_lora"]
+__all__ = ["adapter_parameters", "base_name", "engine_adapter_tensors", "engine_name", "export_adapter",
+           "lora_scaling", "merged_tensors", "reference_of", "wrap_lora"]
 
 _PEFT_PREFIX = "base_model.model."
 _ADAPTER = re.compile(r"\.lora_([AB])\.[^.]+\.weight$")  # PEFT's parameter names carry the adapter's name
@@ -173,35 +171,4 @@ def merged_tensors(named: Iterator[tuple[str, Tensor]], adapters: dict[str, Tens
             b = next(v for k, v in adapters.items() if k.startswith(prefix + ".lora_B."))
             t = (t.float() + scaling * (b.float() @ a.float())).to(t.dtype)
         yield base_name(name), t
-
-
-def engine_shares_base(cfg: Any, device_type: str, world: int) -> bool:
-    """Can the colocated hf engine read the trainer's frozen base tensors instead of a copy of its own?
-
-    Yes with one train rank (its FSDP2 shard is the whole tensor), the same dtype on both sides (on GPU the
-    base is bf16), adapters applied unmerged (a merge would write into the trainer's base) and an engine that
-    never sleeps (a sleep moves an engine's weights off the device and back as copies)."""
-    arr, t = cfg.actor_rollout_ref, cfg.trainer
-    r = arr.rollout
-    base_dtype = "bfloat16" if device_type == "cuda" else arr.model.dtype
-    return (arr.model.lora_rank > 0 and world == 1 and t.placement == "colocated" and r.name == "hf"
-            and (r.dtype or arr.model.dtype) == base_dtype and r.engine_lora_mode(device_type) == "unmerged"
-            and not (t.mode == "sync" and r.free_cache_engine))
-
-
-def base_tensors(model: nn.Module) -> dict[str, Tensor]:
-    """The frozen base parameters of one rank's (unsharded, world 1) actor under their plain model names."""
-    return {base_name(n): (p.to_local() if hasattr(p, "to_local") else p).detach()
-            for n, p in model.named_parameters() if not p.requires_grad}
-
-
-def share_base(engine_model: nn.Module, base: dict[str, Tensor]) -> None:
-    """Point every parameter of the engine's model at the trainer's tensor of the same name (no copy)."""
-    for name, p in engine_model.named_parameters():
-        t = base.get(name)
-        if t is None or t.shape != p.shape or t.dtype != p.dtype:
-            raise RuntimeError(f"sharing the base weights: the trainer has no {p.dtype} tensor of shape "
-                               f"{tuple(p.shape)} named {name!r}")
-        p.data = t
-    setattr(engine_model, BORROWED_WEIGHTS, True)
 

@@ -114,12 +114,12 @@ class RolloutHost:
     `rank` offsets the engine's and the samples' seeds, so replicas never sample alike; `shards` is how many
     replicas share each batch (see `engine_slots`). `kv_cache_bytes`: the hf engine's KV budget (the train
     rank's `memory.plan_memory` on CPU), else the engine takes rollout.gpu_memory_utilization's share.
-    `shared_base`: tensors the hf engine's parameters point at instead of loading their own (LoRA,
-    `lora.engine_shares_base`).
+    `shared_weights`: the actor's tensors the hf engine's parameters point at instead of holding their own
+    (one train rank, `shared_weights.engine_shares_weights`).
     """
 
     def __init__(self, cfg: RunConfig, rank: int, model_path: str, device: torch.device, shards: int,
-                 kv_cache_bytes: int | None = None, shared_base: dict[str, torch.Tensor] | None = None) -> None:
+                 kv_cache_bytes: int | None = None, shared_weights: dict[str, torch.Tensor] | None = None) -> None:
         from verl_agent.rollout.build import build_rollout
         from verl_agent.trainer.policy.fsdp import load_causal_lm
 
@@ -134,10 +134,10 @@ class RolloutHost:
         if arr.rollout.name == "hf":  # a plain (unsharded) replica of the policy in this process
             model = load_causal_lm(model_path, arr.rollout.dtype or arr.model.dtype,
                                    trust_remote_code=arr.model.trust_remote_code)
-            if shared_base is not None:  # LoRA, one rank: the trainer's frozen base, no copy (trainer/lora.py)
-                from verl_agent.trainer.weights.lora import share_base
+            if shared_weights is not None:  # one rank: the actor's tensors, no copy (weights/shared_weights.py)
+                from verl_agent.trainer.weights.shared_weights import point_engine_at
 
-                share_base(model, shared_base)
+                point_engine_at(model, shared_weights)
         parts = build_rollout(cfg, model=model, device=str(device), seed=cfg.trainer.seed + rank, own_server=True,
                               kv_cache_bytes=kv_cache_bytes)
         self.engine, self.tokenizer, self.agent = parts.engine, parts.tokenizer, parts.agent
@@ -205,7 +205,8 @@ class RolloutHost:
     def sleep(self) -> None:
         """Free the engine's memory for the update; its weights are dropped, not kept: the weight sync after
         the update loads every parameter again. With LoRA the sync sends only the adapters, so the base
-        weights are kept (on a GPU they wait in host memory)."""
+        weights are kept (on a GPU they wait in host memory). An engine reading the actor's tensors
+        (`shared_weights`) frees its KV cache alone."""
         self.run(self.engine.sleep(discard_weights=self.cfg.actor_rollout_ref.model.lora_rank == 0))
 
     def close(self) -> None:

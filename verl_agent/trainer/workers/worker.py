@@ -93,12 +93,12 @@ class TrainWorker:
         self.model_path = resolve_model_path(arr.model.path)
         self.policy = Policy(cfg, self.rank, self.device, mesh, self.model_path)
         if cfg.trainer.placement == "colocated":
-            from verl_agent.trainer.weights import lora
+            from verl_agent.trainer.weights.shared_weights import actor_tensors, engine_shares_weights
 
-            shared = lora.base_tensors(self.policy.actor) \
-                if lora.engine_shares_base(cfg, self.device.type, self.world_size) else None
+            shared = actor_tensors(self.policy.actor, frozen_only=self.policy.lora) \
+                if engine_shares_weights(cfg, self.device.type, self.world_size) else None
             self.rollout = RolloutHost(cfg, self.rank, self.model_path, self.device, shards=self.world_size,
-                                       kv_cache_bytes=self.policy.memory.kv_cache_bytes, shared_base=shared)
+                                       kv_cache_bytes=self.policy.memory.kv_cache_bytes, shared_weights=shared)
         tokenizer = self.rollout.tokenizer if self.rollout is not None else load_tokenizer(arr.model)
         self.batch = StepBatch(cfg, tokenizer)
         self.weights = WeightSender(self.rank, self.device)
