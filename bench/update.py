@@ -98,12 +98,17 @@ def timed_update(policy, seqs, step: int, shared: int) -> tuple[float, dict]:
     return time.perf_counter() - t0, metrics
 
 
+# Rows of the device timeline that are no kernel: CUPTI's "Command Buffer Full" marks the host waiting on a
+# full launch queue (the GPU is the bottleneck), and would otherwise count as seconds of "other".
+NOT_KERNELS = ("ProfilerStep", "aten::", "autograd::", "Optimizer.", "Command Buffer Full")
+
+
 def kernel_split(prof) -> dict[str, float]:
     """GPU milliseconds of one profiled update by kind of kernel (KERNEL_KINDS; the rest is 'other')."""
     out: dict[str, float] = {k: 0.0 for k, _ in KERNEL_KINDS} | {"other": 0.0}
     for e in prof.key_averages():
         us = getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
-        if not us or e.key.startswith(("ProfilerStep", "aten::", "autograd::", "Optimizer.")):
+        if not us or e.key.startswith(NOT_KERNELS):
             continue
         name = e.key.lower()
         kind = next((k for k, keys in KERNEL_KINDS if any(w in name for w in keys)), "other")
@@ -115,7 +120,7 @@ def top_kernels(prof, n: int = 8) -> list[tuple[str, float, int]]:
     rows = []
     for e in prof.key_averages():
         us = getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
-        if us and not e.key.startswith(("ProfilerStep", "aten::", "autograd::", "Optimizer.")):
+        if us and not e.key.startswith(NOT_KERNELS):
             rows.append((e.key[:90], us / 1e3, e.count))
     return sorted(rows, key=lambda r: -r[1])[:n]
 

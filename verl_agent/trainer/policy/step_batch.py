@@ -4,10 +4,13 @@ The groups a rank keeps for a step become `TrainSeq`s (`prepare.train_seqs`: the
 out what must not reach the loss). With trainer.log_trajectories, each trajectory is written once:
 those that cannot reach the loss when the step's groups arrive (a stopped step still shows its
 failures), the rest with their per-token advantages once `Policy.compute_advantages` has them.
+The records are written on a thread of their own, off the step's critical path (the update starts while
+they are written); `flush` waits for them, and a write that failed raises there.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from verl_agent.protocol import Trajectory
@@ -32,9 +35,12 @@ class StepBatch:
         self.seqs: list[TrainSeq] = []  # the trajectories that may be trained on, as training sequences
         self.step = 0
         self.pending: list[int] = []  # positions in trajs whose records wait for their advantages
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajectory-records")
+        self._writes: list[Future] = []
 
     def keep(self, groups: list[Group], step: int) -> dict[str, float]:
         """Hold `groups` for step `step`; returns what the failure rules left out, counted by cause."""
+        self.flush()
         self.trajs = [t for g in groups for t in g.trajectories]
         self.seqs, counts = train_seqs(self.trajs, needs_groups(self.cfg.algorithm.adv_estimator))
         self.step = step
@@ -62,4 +68,11 @@ class StepBatch:
             if "trajectory" in s.extra and s.advantages is not None:
                 advs[s.extra["trajectory"]] = s.advantages.tolist()
         keep = range(len(trajs)) if only is None else only
-        log_trajectories(self.cfg, self.tokenizer, [trajs[i] for i in keep], name, step, [advs[i] for i in keep])
+        self._writes.append(self._writer.submit(log_trajectories, self.cfg, self.tokenizer, [trajs[i] for i in keep],
+                                                name, step, [advs[i] for i in keep]))
+
+    def flush(self) -> None:
+        """Wait until every record handed to `log` is written; a write that failed raises here."""
+        writes, self._writes = self._writes, []
+        for write in writes:
+            write.result()

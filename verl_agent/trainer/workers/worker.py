@@ -200,6 +200,7 @@ class TrainWorker:
         return self.profiler.stop(out_dir, step)
 
     def save_checkpoint(self, path: str) -> None:
+        self.batch.flush()  # the records of the steps a resume skips are on disk with the checkpoint
         ckpt.save_policy(self.policy, Path(path), self.cfg.trainer.checkpoint_compression, self.rank)
 
     def load_checkpoint(self, path: str, step: int) -> None:
@@ -224,7 +225,11 @@ class TrainWorker:
         return fn(self, *args)
 
     def shutdown(self) -> None:
-        if self.rollout is not None:
-            self.rollout.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        try:
+            if getattr(self, "batch", None) is not None:  # None: setup failed before it
+                self.batch.flush()
+        finally:
+            if self.rollout is not None:
+                self.rollout.close()
+            if dist.is_initialized():
+                dist.destroy_process_group()
