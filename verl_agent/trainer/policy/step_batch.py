@@ -4,8 +4,9 @@ The groups a rank keeps for a step become `TrainSeq`s (`prepare.train_seqs`: the
 out what must not reach the loss). With trainer.log_trajectories, each trajectory is written once:
 those that cannot reach the loss when the step's groups arrive (a stopped step still shows its
 failures), the rest with their per-token advantages once `Policy.compute_advantages` has them.
-The records are written on a thread of their own, off the step's critical path (the update starts while
-they are written); `flush` waits for them, and a write that failed raises there.
+The trained records are written on a thread of their own while the update runs (`log_trained`; the worker
+waits for them when its update returns); `flush` waits, and a write that failed raises there. The others
+are on disk when `log` returns: a run stopped by a failure rule kills its workers without waiting.
 """
 
 from __future__ import annotations
@@ -51,15 +52,15 @@ class StepBatch:
 
     def log_trained(self) -> None:
         """Write the records that waited for their advantages (those of `seqs` carry them)."""
-        self.log(self.trajs, f"step_{self.step}.jsonl", self.step, self.seqs, only=self.pending)
+        self.log(self.trajs, f"step_{self.step}.jsonl", self.step, self.seqs, only=self.pending, background=True)
         self.pending = []
 
     def log(self, trajs: list[Trajectory], name: str, step: int, seqs: list[TrainSeq] | None = None,
-            only: list[int] | None = None) -> None:  # fmt: skip
+            only: list[int] | None = None, background: bool = False) -> None:  # fmt: skip
         """trainer.log_trajectories for these trajectories (see rollout_worker.log_trajectories).
 
         With `seqs`, each trajectory that reached the loss carries its per-token advantages;
-        `only`: the positions in `trajs` to write.
+        `only`: the positions in `trajs` to write; `background`: return before they are written (`flush`).
         """
         if not self.cfg.trainer.log_trajectories or not trajs or (only is not None and not only):
             return
@@ -70,6 +71,8 @@ class StepBatch:
         keep = range(len(trajs)) if only is None else only
         self._writes.append(self._writer.submit(log_trajectories, self.cfg, self.tokenizer, [trajs[i] for i in keep],
                                                 name, step, [advs[i] for i in keep]))
+        if not background:
+            self.flush()
 
     def flush(self) -> None:
         """Wait until every record handed to `log` is written; a write that failed raises here."""

@@ -165,6 +165,7 @@ class TrainWorker:
         """Critic then actor updates on this rank's sequences; one LR-scheduler step each."""
         metrics = self.policy.update(self.batch.seqs, n_minibatches, step, update_actor_now)
         self.batch.seqs = []
+        self.batch.flush()  # the trained records, written while the update ran
         return metrics
 
     # -- weights (collective) -------------------------------------------------------------------
