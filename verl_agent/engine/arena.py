@@ -222,28 +222,48 @@ def make_arena(nbytes: int, device: torch.device, what: str) -> Arena | None:
         return None
 
 
-def _aligned_total(tensors: list[torch.Tensor]) -> int:
-    return sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for t in tensors)
+def _blocks(model: Any, groups: list[list[torch.nn.Parameter]]) -> list[list[torch.nn.Parameter]]:
+    """The model's parameters in carving order, each block laid out back to back: a group (of one dtype,
+    every member a parameter of the model) as one block where its first member comes, the rest alone."""
+    params = list(model.parameters())  # tied parameters appear once
+    known = {id(p) for p in params}
+    lead: dict[int, list[torch.nn.Parameter]] = {}
+    for g in groups:
+        if len(g) > 1 and all(id(p) in known for p in g) and len({p.dtype for p in g}) == 1:
+            lead[id(g[0])] = g
+    grouped = {id(p) for g in lead.values() for p in g}
+    return [lead[id(p)] if id(p) in lead else [p] for p in params if id(p) in lead or id(p) not in grouped]
+
+
+def _aligned_total(blocks: list[list[torch.nn.Parameter]]) -> int:
+    return sum(-(-sum(p.numel() for p in b) * b[0].element_size() // ALIGN) * ALIGN for b in blocks)
 
 
 class ParamArena:
     """A model's parameters in one `Arena` on `device`, moved there one at a time (at most one parameter
     exists twice). `park` before sleep, `restore` at wake: the parameters get the same addresses back."""
 
-    def __init__(self, model: Any, arena: Arena) -> None:
+    def __init__(self, model: Any, arena: Arena, groups: list[list[torch.nn.Parameter]] | None = None) -> None:
         self.arena, self.host = arena, None
         self.params: list[tuple[torch.nn.Parameter, torch.Tensor, int]] = []  # param, its view, byte offset
         with torch.no_grad():
-            for p in model.parameters():  # tied parameters appear once
-                view = arena.carve(p.shape, p.dtype)
-                view.copy_(p.data)
-                self.params.append((p, view, view.data_ptr() - arena.storage.data_ptr()))
-                p.data = view
+            for block in _blocks(model, groups or []):
+                flat = arena.carve((sum(p.numel() for p in block),), block[0].dtype)
+                at = 0
+                for p in block:
+                    view = flat[at : at + p.numel()].view(p.shape)
+                    at += p.numel()
+                    view.copy_(p.data)
+                    self.params.append((p, view, view.data_ptr() - arena.storage.data_ptr()))
+                    p.data = view
 
     @classmethod
-    def adopt(cls, model: Any, device: torch.device) -> ParamArena | None:
-        arena = make_arena(_aligned_total(list(model.parameters())), device, "weights")
-        return None if arena is None else cls(model, arena)
+    def adopt(cls, model: Any, device: torch.device, groups: list[list[torch.nn.Parameter]] | None = None
+              ) -> ParamArena | None:  # fmt: skip
+        """`model`'s parameters in a new arena on `device`; each of `groups` back to back (decode_step.py
+        reads such a group as one tensor)."""
+        arena = make_arena(_aligned_total(_blocks(model, groups or [])), device, "weights")
+        return None if arena is None else cls(model, arena, groups)
 
     def park(self, keep: bool) -> None:
         """Free the device memory. keep: the parameters live on the host meanwhile (one copy of the whole

@@ -6,7 +6,7 @@ caches (`load_cache_artifacts`); dynamo then still traces, but the lowering, cod
 builds come from the cache. The blob is kept under $VERL_AGENT_CACHE/compile (default
 ~/.cache/verl_agent/compile), one file per key: the model's configuration and dtype, the device kind, the
 versions of torch, transformers and triton, and the engine's own traced source (model_runner.py,
-kv_pool.py, fused_norms.py). Anything else that changes the graphs simply misses in torch's own
+kv_pool.py, fused_norms.py, decode_step.py). Anything else that changes the graphs simply misses in torch's own
 content-hashed caches.
 """
 
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CompileCache", "cache_root", "compile_key"]
 
-_TRACED = ("model_runner.py", "kv_pool.py", "fused_norms.py")  # our code inside the compiled region
+_TRACED = ("model_runner.py", "kv_pool.py", "fused_norms.py", "decode_step.py")  # our code inside the compiled region
 
 
 def cache_root() -> Path:

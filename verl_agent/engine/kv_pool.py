@@ -226,7 +226,7 @@ class SlotKVPool:
         self.v = [new() for _ in range(layers)]
         self.arena = arena
         self._clean = 0  # columns [0, _clean) of every slot hold zeros or written K/V
-        self._all_rows = torch.arange(slots, device=device)
+        self.row_ids = torch.arange(slots, device=device)  # rows 0..B-1 of a decode step
         self.rows: torch.Tensor | None = None
         self.write_pos: torch.Tensor | None = None
         self.kv_len = length
@@ -264,7 +264,7 @@ class SlotKVPool:
         """transformers' cache hook: store this forward's K/V [B, H, T, D], return the visible K/V."""
         k_all, v_all = self.k[layer_idx], self.v[layer_idx]
         b, _, t, _ = key.shape
-        rows = self._all_rows[:b] if self.rows is None else self.rows
+        rows = self.row_ids[:b] if self.rows is None else self.rows
         idx = rows[:, None].expand(b, t)
         k_all[idx, :, self.write_pos] = key.transpose(1, 2).to(k_all.dtype)
         v_all[idx, :, self.write_pos] = value.transpose(1, 2).to(v_all.dtype)
@@ -274,8 +274,8 @@ class SlotKVPool:
 
     def swap(self, pairs: list[tuple[int, int]]) -> None:
         """Exchange the K/V of slot pairs (a, b), all layers."""
-        src = torch.tensor([i for a, b in pairs for i in (a, b)], device=self._all_rows.device)
-        dst = torch.tensor([i for a, b in pairs for i in (b, a)], device=self._all_rows.device)
+        src = torch.tensor([i for a, b in pairs for i in (a, b)], device=self.row_ids.device)
+        dst = torch.tensor([i for a, b in pairs for i in (b, a)], device=self.row_ids.device)
         for t in (*self.k, *self.v):
             t[dst] = t[src]
 

@@ -31,6 +31,7 @@ import torch
 
 from verl_agent.engine.arena import make_arena
 from verl_agent.engine.compile_cache import CompileCache, compile_key
+from verl_agent.engine.decode_step import DecodeStep
 from verl_agent.engine.fused_norms import FusedNorms
 from verl_agent.engine.kv_pool import KVBudget, SlotKVPool, slot_attention_enabled
 
@@ -86,11 +87,17 @@ class ModelRunner:
         self.cuda_graphs = self.capture is not None  # decode steps are recorded and replayed
         self.fixed_weights = False  # the weights keep their addresses across sleep (arena.py, or borrowed)
         self.norms = FusedNorms(model) if fused_norms else None
-        # torch.compile fuses each layer's small elementwise kernels (norms, rotary, activation, residuals:
-        # dozens a layer, each a kernel of its own even inside a CUDA graph). Decode steps only: their shapes
-        # come from a few buckets; prefill chunks change shape at nearly every call.
+        # Decode steps of a Llama-family model run the engine's own forward (decode_step.py), others
+        # transformers' forward. torch.compile fuses each layer's small elementwise kernels (norms, rotary,
+        # activation, residuals: dozens a layer, each a kernel of its own even inside a CUDA graph): our
+        # forward's one layer function, compiled once for every layer, or else the whole model. Decode steps
+        # only: their shapes come from a few buckets; prefill chunks change shape at nearly every call.
         # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes.
-        self.decode_model = torch.compile(model, dynamic=None) if compile_decode else model
+        self.decode_step = DecodeStep.of(model, fused_norms=self.norms is not None)
+        if compile_decode and self.decode_step is not None:
+            self.decode_step.compiled_layer = torch.compile(self.decode_step.layer, dynamic=None)
+        compile_model = compile_decode and self.decode_step is None
+        self.decode_model = torch.compile(model, dynamic=None) if compile_model else model
         key = compile_key(model.config, self.dtype, self.device) if compile_decode else None
         self.compile_cache = CompileCache(key) if key else None
         if self.compile_cache is not None:  # earlier runs' compiles of this shape (compile_cache.py)
@@ -213,9 +220,11 @@ class ModelRunner:
         pool = self.pool
         assert pool is not None
         ids, pos, active = self.buf[0, :rows], self.buf[1, :rows], self.buf[2, :rows]
-        write = torch.where(active.bool(), pos, pool.scratch)[:, None]
+        write = torch.where(active.bool(), pos, pool.scratch)
         mask = self._mask((self.kv_arange[:kv_len][None, :] <= pos[:, None])[:, None, :])
-        pool.plan(write, kv_len)
+        if self.decode_step is not None and self.decode_step.applies():
+            return self.decode_step(ids, pos, write, mask, pool.k, pool.v, pool.row_ids[:rows])
+        pool.plan(write[:, None], kv_len)
         return self._forward(ids[:, None], pos[:, None], mask, self.decode_model)
 
     def _capture(self, rows: int, kv_len: int) -> tuple[Callable[[], None], torch.Tensor] | None:

@@ -38,6 +38,7 @@ import torch
 from verl_agent.engine.arena import ParamArena
 from verl_agent.engine.continuous import ContinuousBatcher, KVCacheOverflowError
 from verl_agent.engine.contract import GenerateOutput, SamplingParams
+from verl_agent.engine.decode_step import fusion_groups
 from verl_agent.engine.kv_pool import plan_budget
 from verl_agent.engine.lora import apply_adapters, split_adapter_tensors
 from verl_agent.engine.model_runner import GraphCapture
@@ -57,9 +58,9 @@ class EngineClosedError(RuntimeError):
 
 def _load(model: str | Path | Any, device: str, dtype: str | torch.dtype | None, fixed: bool) -> tuple[Any, Any]:
     """The model on `device`, cast to `dtype`; fixed: its parameters in a `ParamArena` (returned, or None
-    where the driver refuses one), moved there one at a time."""
+    where the driver refuses one), moved there one at a time, each layer's fusable projections back to back."""
     model = _cast(model, dtype)
-    params = ParamArena.adopt(model, torch.device(device)) if fixed else None
+    params = ParamArena.adopt(model, torch.device(device), fusion_groups(model)) if fixed else None
     return model.to(device).eval(), params
 
 

@@ -1,0 +1,106 @@
+"""The engine's own decode step (decode_step.py) against transformers' forward, on CPU with real models of
+each family it takes: the same logits, fused projections or not, and one compiled graph for all layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)  # fmt: skip
+
+from verl_agent.engine.arena import ParamArena
+from verl_agent.engine.backends.hf_engine import _cache_kw
+from verl_agent.engine.decode_step import DecodeStep, fusion_groups
+from verl_agent.engine.kv_pool import KVBudget
+from verl_agent.engine.model_runner import ModelRunner
+
+SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, rms_norm_eps=1e-5)  # fmt: skip
+FAMILIES = {
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),  # q/k/v biases
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, attention_bias=True)),  # o_proj bias too
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=32)),  # q/k norms, wider heads
+    "mistral": lambda: MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=None)),
+}
+
+
+def _model(family: str, dtype: torch.dtype, arena: bool):
+    torch.manual_seed(0)
+    model = FAMILIES[family]().eval().to(dtype)
+    with torch.no_grad():  # biases are zero at init: make them count
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)
+    if arena:  # the engine's own weights: q/k/v and gate/up back to back
+        assert ParamArena.adopt(model, torch.device("cpu"), fusion_groups(model)) is not None
+    return model
+
+
+def _logits(model, own: bool) -> torch.Tensor:
+    """Prefill two prompts, then six decode steps of four rows (two idle): every step's logits of the busy rows."""
+    runner = ModelRunner(model, KVBudget(4, 64, 0, 0), pad_id=0, cache_kw=_cache_kw(model), cuda_graphs=False)
+    assert runner.decode_step is not None
+    if not own:
+        runner.decode_step = None
+    steps = [runner.prefill([(0, [5, 6, 7], 0), (1, [8, 9], 0)])]
+    ids, pos = [10, 11, 0, 0], [3, 2, 0, 0]
+    for _ in range(6):
+        out = runner.decode(4, ids, pos, [1, 1, 0, 0])
+        steps.append(out[:2])
+        ids = out.argmax(-1).tolist()
+        pos = [pos[0] + 1, pos[1] + 1, 0, 0]
+    return torch.stack(steps)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("arena", [False, True], ids=["separate", "back-to-back"])
+def test_the_decode_step_computes_the_models_own_logits(family, arena):
+    """fp32: bit for bit what transformers' forward gives over the same slot pool, with the projections
+    read one by one or (weights back to back in the engine's arena) as one fused product."""
+    model = _model(family, torch.float32, arena)
+    step = DecodeStep.of(model, fused_norms=True)
+    fused = len(step.tensors(step.layers[0])[1]) == 1
+    assert fused == arena
+    torch.testing.assert_close(_logits(model, own=True), _logits(model, own=False), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_in_bf16_the_decode_step_stays_within_rounding_of_the_models_forward(family):
+    model = _model(family, torch.bfloat16, arena=True)
+    ours, theirs = _logits(model, own=True), _logits(model, own=False)
+    torch.testing.assert_close(ours, theirs, rtol=0.02, atol=0.02)
+
+
+def test_models_it_does_not_reproduce_keep_transformers_forward():
+    """Another activation, an MLP bias or norms of different eps: no decode step of ours (None)."""
+    assert DecodeStep.of(Qwen2ForCausalLM(Qwen2Config(**SHAPE, hidden_act="gelu")), fused_norms=True) is None
+    assert DecodeStep.of(LlamaForCausalLM(LlamaConfig(**SHAPE, mlp_bias=True)), fused_norms=True) is None
+    model = Qwen2ForCausalLM(Qwen2Config(**SHAPE))
+    model.model.layers[1].input_layernorm.variance_epsilon = 1e-3
+    assert DecodeStep.of(model, fused_norms=True) is None
+    assert DecodeStep.of(Qwen2ForCausalLM(Qwen2Config(**SHAPE)), fused_norms=True) is not None
+
+
+def test_one_compiled_graph_serves_every_layer(monkeypatch):
+    """Compiled, the layer function is traced once for all layers of a bucket (a whole-model compile traces
+    each layer anew); a second bucket adds one graph with dynamic sizes, a third none."""
+    from verl_agent.engine import model_runner
+
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(len(gm.graph.nodes))
+        return gm.forward
+
+    compile_ = torch.compile
+    monkeypatch.setattr(model_runner.torch, "compile", lambda fn, **kw: compile_(fn, backend=backend, **kw))
+    torch._dynamo.reset()
+    model = _model("qwen2", torch.float32, arena=True)
+    model.config.num_hidden_layers = 3
+    runner = ModelRunner(model, KVBudget(16, 64, 0, 0), pad_id=0, cache_kw=_cache_kw(model), cuda_graphs=False,
+                         compile_decode=True)  # fmt: skip
+    assert runner.decode_model is model  # transformers' forward is not compiled
+    runner.prefill([(s, [5, 6, 7], 0) for s in range(16)])
+    for rows in (4, 4, 8, 16):
+        runner.decode(rows, [9] * rows, [3] * rows, [1] * rows)
+    assert len(compiles) == 2, compiles
