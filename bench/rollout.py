@@ -77,7 +77,7 @@ def sync(device: torch.device) -> None:
 
 def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repeats: int = 2,
                        per_batch: bool = False, torch_compile: bool = False, stats: dict | None = None,
-                       seeded: bool = False, fused_norms: bool = True) -> float:
+                       seeded: bool = False, fused_norms: bool = True, own_decode_step: bool = True) -> float:
     """Best generated tokens/s of `repeats` warm calls; `stats` gets the first call's seconds (graph captures,
     compiles) and the warm calls' milliseconds per decode step. per_batch: the baseline, not the hf engine."""
     from baselines import PerBatchEngine
@@ -90,7 +90,7 @@ def _engine_throughput(model, batch: int, plen: int, new: int, device: str, repe
     else:
         engine = HFEngine(model, device=device, max_num_seqs=batch, stop_on_eos=False, max_model_len=plen + new,
                           gpu_memory_utilization=0.85, torch_compile=torch_compile,
-                          fused_norms=fused_norms)  # fmt: skip
+                          fused_norms=fused_norms, own_decode_step=own_decode_step)  # fmt: skip
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab - 1, (plen,), generator=gen).tolist() for _ in range(batch)]
@@ -154,12 +154,14 @@ def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     res: dict[str, float | str] = {"gpu_name": torch.cuda.get_device_name(), "shape": shape}
-    eager, compiled, unfused = {}, {}, {}
+    eager, compiled, unfused, theirs = {}, {}, {}, {}
     runs = {"generate": ("gpu_generate_static_tok_s", lambda: _raw_generate(model, batch, plen, new, static=True)),
             "continuous": ("gpu_engine_tok_s",
                            lambda: _engine_throughput(model, batch, plen, new, "cuda", stats=eager, seeded=seeded)),
             "compiled": ("gpu_engine_compiled_tok_s", lambda: _engine_throughput(
                 model, batch, plen, new, "cuda", torch_compile=True, stats=compiled)),
+            "compiled_transformers": ("gpu_engine_compiled_transformers_tok_s", lambda: _engine_throughput(
+                model, batch, plen, new, "cuda", torch_compile=True, stats=theirs, own_decode_step=False)),
             "unfused": ("gpu_engine_unfused_norms_tok_s", lambda: _engine_throughput(
                 model, batch, plen, new, "cuda", stats=unfused, seeded=seeded, fused_norms=False)),
             "batch": ("gpu_engine_batch_sched_tok_s",
@@ -171,6 +173,7 @@ def bench_gpu(batch: int, plen: int, new: int, rows: str = "generate,continuous,
     res.update({f"gpu_engine_{k}": v for k, v in eager.items()})
     res.update({f"gpu_engine_compiled_{k}": v for k, v in compiled.items()})
     res.update({f"gpu_engine_unfused_norms_{k}": v for k, v in unfused.items()})
+    res.update({f"gpu_engine_compiled_transformers_{k}": v for k, v in theirs.items()})
     if "gpu_engine_tok_s" in res and "gpu_generate_static_tok_s" in res:
         res["gpu_engine_vs_generate"] = res["gpu_engine_tok_s"] / res["gpu_generate_static_tok_s"]
     return res
@@ -186,8 +189,9 @@ def main() -> None:
     p.add_argument("--trajectories", type=int, default=256, help="loop benchmark: trajectories")
     p.add_argument("--gpu-rows", default="generate,continuous,batch",
                    help="GPU rows: raw static generate, the hf engine ('continuous'), the per-batch baseline "
-                   "('batch'), 'compiled' (the hf engine with torch_compile) and 'unfused' (the hf engine with the "
-                   "model's own RMSNorm forward, fused_norms=False)")
+                   "('batch'), 'compiled' (the hf engine with torch_compile), 'compiled_transformers' (the same through "
+                   "transformers' forward, own_decode_step=False) and 'unfused' (the hf engine with the model's own "
+                   "RMSNorm forward, fused_norms=False)")
     p.add_argument("--gpu-shape", choices=["0.5b", "7b"], default="0.5b", help="GPU: Qwen2 shape (random weights)")
     p.add_argument("--seeded", action="store_true", help="GPU continuous row: every request seeded, as the trainer "
                    "seeds them (each seeded row draws its own random numbers)")

@@ -133,8 +133,9 @@ class DecodeStep:
         if getattr(cfg, "hidden_act", None) not in ("silu", "swish") or getattr(cfg, "mlp_bias", False):
             return None
         inner = model.model
-        if not (isinstance(getattr(inner, "embed_tokens", None), nn.Embedding) and _norm_ok(getattr(inner, "norm", None))
-                and isinstance(getattr(model, "lm_head", None), nn.Linear) and hasattr(inner, "rotary_emb")):  # fmt: skip
+        parts_ok = (isinstance(getattr(inner, "embed_tokens", None), nn.Embedding) and hasattr(inner, "rotary_emb")
+                    and _norm_ok(getattr(inner, "norm", None)) and isinstance(getattr(model, "lm_head", None), nn.Linear))
+        if not parts_ok:
             return None
         eps = {float(inner.norm.variance_epsilon)}
         for layer in layers:

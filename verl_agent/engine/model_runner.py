@@ -77,7 +77,7 @@ def capture_factory(capture: GraphCapture | None, cuda_graphs: bool, device: tor
 class ModelRunner:
     def __init__(
         self, model: Any, budget: KVBudget, pad_id: int, cache_kw: str, cuda_graphs: bool, compile_decode: bool = False,
-        fused_norms: bool = True, capture: GraphCapture | None = None,
+        fused_norms: bool = True, capture: GraphCapture | None = None, own_decode_step: bool = True,
     ) -> None:  # fmt: skip
         self.model, self.budget, self.pad_id, self.cache_kw = model, budget, pad_id, cache_kw
         param = next(model.parameters())
@@ -93,7 +93,7 @@ class ModelRunner:
         # forward's one layer function, compiled once for every layer, or else the whole model. Decode steps
         # only: their shapes come from a few buckets; prefill chunks change shape at nearly every call.
         # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes.
-        self.decode_step = DecodeStep.of(model, fused_norms=self.norms is not None)
+        self.decode_step = DecodeStep.of(model, fused_norms=self.norms is not None) if own_decode_step else None
         if compile_decode and self.decode_step is not None:
             self.decode_step.compiled_layer = torch.compile(self.decode_step.layer, dynamic=None)
         compile_model = compile_decode and self.decode_step is None

@@ -40,6 +40,8 @@ class HFEngineSettings:
     fused_norms: run the model's RMSNorm layers through torch's fused kernel (engine/fused_norms.py): fewer
         kernels a decode step, the same rounding points as the model's own forward; switched only while the
         engine runs the model.
+    own_decode_step: run decode steps through the engine's own forward (engine/decode_step.py) where it
+        reproduces the model (Llama, Mistral, Qwen2, Qwen3); False: transformers' forward for every model.
     lora_mode: how LoRA adapters sent by `update_weights` apply (engine/lora.py): "merge" into the weights
         (a kept copy of each targeted base weight), or "unmerged" (extra thin matmuls in every forward).
     """
@@ -56,6 +58,7 @@ class HFEngineSettings:
     cuda_graphs: bool = True
     torch_compile: bool = False
     fused_norms: bool = True
+    own_decode_step: bool = True
     lora_mode: str = "merge"
 
     def __post_init__(self) -> None:
