@@ -64,6 +64,9 @@ def test_engine_reads_the_actors_parameters_on_one_rank(sleeps, make_cfg, tiny_m
     def shared() -> bool:
         return engine.keys() == actor.keys() and all(engine[n].data_ptr() == t.data_ptr() for n, t in actor.items())
 
+    step = host.engine._batcher.runner.decode_step
+    assert len(step.tensors(step.layers[0])[1]) == 1  # the actor's q/k/v lie back to back: one product
+
     try:
         assert shared()
         before, actor_before = _greedy_log_probs(host, policy)

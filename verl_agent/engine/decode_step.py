@@ -14,8 +14,9 @@ order. Each layer's residual add is done by the next layer (and the final norm),
 first kernel.
 
 Projections that read one input (q/k/v, and gate/up) run as one product when their weights lie back to
-back in memory (`HFEngine` lays its own weights out that way, see arena.ParamArena): one wide GEMM
-instead of three narrow ones, and the K/V heads' thin products stop wasting most of the GPU.
+back in memory (`HFEngine` lays its own weights out that way, see arena.ParamArena, and so does the trainer
+for an actor whose tensors the engine borrows, `place_back_to_back`): one wide GEMM instead of three
+narrow ones, and the K/V heads' thin products stop wasting most of the GPU.
 
 A model qualifies when its type is one of `MODEL_TYPES` and every layer has the plain modules this code
 reproduces (`DecodeStep.of` returns None otherwise, and the engine runs transformers' forward).
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["MODEL_TYPES", "DecodeStep", "fusion_groups"]
+__all__ = ["MODEL_TYPES", "DecodeStep", "fusion_groups", "place_back_to_back"]
 
 MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 _ATTN, _MLP = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
@@ -53,6 +54,23 @@ def fusion_groups(model: nn.Module) -> list[list[nn.Parameter]]:
             if all(isinstance(p, nn.Parameter) for p in params):
                 groups.append(params)
     return groups
+
+
+@torch.no_grad()
+def place_back_to_back(model: nn.Module) -> int:
+    """Move each of `fusion_groups(model)` into one new allocation of its own, back to back (the values
+    stay; an optimizer built afterwards updates the views): for a model whose tensors an engine borrows
+    (trainer/weights/shared_weights.py). Returns how many groups moved."""
+    groups = [g for g in fusion_groups(model) if len({(p.dtype, p.device) for p in g}) == 1]
+    for g in groups:
+        flat = torch.empty(sum(p.numel() for p in g), dtype=g[0].dtype, device=g[0].device)
+        at = 0
+        for p in g:
+            view = flat[at : at + p.numel()].view(p.shape)
+            view.copy_(p.data)
+            p.data = view
+            at += p.numel()
+    return len(groups)
 
 
 def _layers(model: nn.Module) -> Sequence[nn.Module] | None:

@@ -22,6 +22,7 @@ from verl_agent.trainer.policy.actor import (
 )
 from verl_agent.trainer.algorithms.advantage_base import needs_critic
 from verl_agent.trainer.policy.batch import TrainSeq
+from verl_agent.engine.decode_step import place_back_to_back
 from verl_agent.engine.fused_norms import fuse_norms
 from verl_agent.trainer.policy.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
 from verl_agent.trainer.policy.memory import plan_memory
@@ -102,8 +103,9 @@ class Policy:
         arr = cfg.actor_rollout_ref
         a, fc = arr.actor, arr.actor.fsdp_config
         self.lora = arr.model.lora_rank > 0
-        self.actor = shard(self._load(arr.model.enable_gradient_checkpointing, fc.param_offload, self.lora), mesh,
-                           device.type, fc.reshard_after_forward, fc.param_offload)
+        shared = engine_shares_weights(cfg, device.type, mesh.size())
+        self.actor = shard(self._load(arr.model.enable_gradient_checkpointing, fc.param_offload, self.lora, shared),
+                           mesh, device.type, fc.reshard_after_forward, fc.param_offload)
         self.optim, self.sched = self._optimizer(self.actor, a.optim)
         self.ref: torch.nn.Module | None = None  # with LoRA the reference is the actor, adapters switched off
         self.needs_ref = a.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -125,7 +127,8 @@ class Policy:
             self._build_critic()
         self._rollout_is_in_update: tuple[str, float] | None = None  # (level, cap) when the update weighs them
 
-    def _load(self, grad_ckpt: bool, offload: bool, lora: bool = False) -> torch.nn.Module:
+    def _load(self, grad_ckpt: bool, offload: bool, lora: bool = False, shared: bool = False) -> torch.nn.Module:
+        """The actor's (or reference's) model; `shared`: the colocated engine will read its tensors."""
         model_cfg = self.cfg.actor_rollout_ref.model
         # LoRA: the frozen base computes in bf16 on GPU and is stored so (no fp32 master copy to keep)
         dtype = "bfloat16" if lora and self.device.type == "cuda" else model_cfg.dtype
@@ -136,6 +139,8 @@ class Policy:
             model = wrap_lora(model, model_cfg)
         model = model if offload else model.to(self.device)  # offloaded shards stay on the host
         fuse_norms(model)
+        if shared and not lora:  # the engine reads q/k/v and gate/up as one product each (engine/decode_step.py)
+            place_back_to_back(model)
         return model
 
     def _optimizer(self, model: torch.nn.Module, optim_cfg: Any) -> tuple[torch.optim.Optimizer, Any]:
