@@ -185,7 +185,7 @@ async def _engines_created_and_closed_repeatedly() -> None:
     sp = SamplingParams(temperature=0.0, max_new_tokens=32)
     first = None
     for _ in range(2):
-        for kwargs in ({}, {"fused_norms": False}, {"torch_compile": True}):
+        for kwargs in ({}, {"fused_norms": False}, {"torch_compile": True}, {"own_decode_step": False}):
             engine = HFEngine(model, device="cuda", stop_on_eos=False, max_model_len=512, **kwargs)
             if not kwargs.get("torch_compile"):
                 await engine.capture_graphs()
