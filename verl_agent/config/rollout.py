@@ -204,9 +204,13 @@ class RolloutConfig(Section):
                                           "engine sizes its KV slots by it, at most what is available; in the "
                                           "trainer on CPU also at most what the update leaves; sglang's "
                                           "--mem-fraction-static")
-    enable_torch_compile: bool = Field(_HF.torch_compile, description="torch.compile the decode step: hf compiles "
-                                       "its forward before the CUDA-graph capture (a compile at each new decode "
-                                       "shape delays the first steps); sglang: --enable-torch-compile")
+    enable_torch_compile: bool | None = Field(_HF.torch_compile, description="torch.compile the decode step: hf "
+                                              "compiles it before the CUDA-graph capture (a compile at each new "
+                                              "decode shape delays the first steps; kept on disk for later runs). "
+                                              "null: hf compiles on GPU where its own decode step runs (Llama, "
+                                              "Mistral, Qwen2, Qwen3), sglang does not; true: always (hf: also "
+                                              "transformers' whole forward for other models; sglang: "
+                                              "--enable-torch-compile)")
     free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
                                     "the actor trains; trainer.mode=sync only (the async modes keep generating)")
     lora_mode: Literal["auto", "merge", "unmerged"] = Field(

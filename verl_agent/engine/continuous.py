@@ -49,7 +49,7 @@ def _row_params(seqs: list[Seq | None], device: torch.device) -> RowParams:
 class ContinuousBatcher:
     def __init__(
         self, model: Any, budget: KVBudget, *, pad_id: int, cache_kw: str, cuda_graphs: bool,
-        max_num_batched_tokens: int, generator: torch.Generator, compile_decode: bool = False,
+        max_num_batched_tokens: int, generator: torch.Generator, compile_decode: bool | None = False,
         fused_norms: bool = True, capture: GraphCapture | None = None, own_decode_step: bool = True,
     ) -> None:  # fmt: skip
         self.runner = ModelRunner(model, budget, pad_id, cache_kw, cuda_graphs, compile_decode, fused_norms, capture,

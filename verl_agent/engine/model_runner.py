@@ -76,7 +76,8 @@ def capture_factory(capture: GraphCapture | None, cuda_graphs: bool, device: tor
 
 class ModelRunner:
     def __init__(
-        self, model: Any, budget: KVBudget, pad_id: int, cache_kw: str, cuda_graphs: bool, compile_decode: bool = False,
+        self, model: Any, budget: KVBudget, pad_id: int, cache_kw: str, cuda_graphs: bool,
+        compile_decode: bool | None = False,
         fused_norms: bool = True, capture: GraphCapture | None = None, own_decode_step: bool = True,
     ) -> None:  # fmt: skip
         self.model, self.budget, self.pad_id, self.cache_kw = model, budget, pad_id, cache_kw
@@ -93,12 +94,15 @@ class ModelRunner:
         # forward's one layer function, compiled once for every layer, or else the whole model. Decode steps
         # only: their shapes come from a few buckets; prefill chunks change shape at nearly every call.
         # dynamic=None: the first bucket gets static kernels, the next shape one compile with dynamic sizes.
+        # compile_decode None: our layer function on CUDA; transformers' forward only when asked (True).
         self.decode_step = DecodeStep.of(model, fused_norms=self.norms is not None) if own_decode_step else None
-        if compile_decode and self.decode_step is not None:
+        compile_own = compile_decode or (compile_decode is None and self.device.type == "cuda")
+        if compile_own and self.decode_step is not None:
             self.decode_step.compiled_layer = torch.compile(self.decode_step.layer, dynamic=None)
-        compile_model = compile_decode and self.decode_step is None
+        compile_model = compile_decode is True and self.decode_step is None
         self.decode_model = torch.compile(model, dynamic=None) if compile_model else model
-        key = compile_key(model.config, self.dtype, self.device) if compile_decode else None
+        compiled = compile_model or (compile_own and self.decode_step is not None)
+        key = compile_key(model.config, self.dtype, self.device) if compiled else None
         self.compile_cache = CompileCache(key) if key else None
         if self.compile_cache is not None:  # earlier runs' compiles of this shape (compile_cache.py)
             self.compile_cache.load()

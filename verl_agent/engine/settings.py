@@ -34,9 +34,11 @@ class HFEngineSettings:
     kv_cache_bytes: the KV budget in bytes, instead of gpu_memory_utilization.
     cuda_graphs: on CUDA, replay each decode step as a captured CUDA graph (CPU decodes eagerly either way);
         the weights and the KV pool then live at fixed addresses (arena.py), so the graphs survive sleep/wake.
-    torch_compile: torch.compile the decode step's forward (then captured as CUDA graphs on CUDA): fewer,
-        fused kernels a layer, for a compile per decode shape on first use; the compiled artifacts are kept
-        under $VERL_AGENT_CACHE/compile and loaded by later runs (compile_cache.py).
+    torch_compile: torch.compile the decode step (then captured as CUDA graphs on CUDA): fewer, fused kernels
+        a layer, for a compile per decode shape on first use; the compiled artifacts are kept under
+        $VERL_AGENT_CACHE/compile and loaded by later runs (compile_cache.py). None (default): on CUDA, where
+        the engine's own decode step runs (engine/decode_step.py: one layer compiled for all, so a compile
+        costs seconds); True: also transformers' whole forward for other models; False: never.
     fused_norms: run the model's RMSNorm layers through torch's fused kernel (engine/fused_norms.py): fewer
         kernels a decode step, the same rounding points as the model's own forward; switched only while the
         engine runs the model.
@@ -56,7 +58,7 @@ class HFEngineSettings:
     gpu_memory_utilization: float = 0.5
     kv_cache_bytes: int | None = None
     cuda_graphs: bool = True
-    torch_compile: bool = False
+    torch_compile: bool | None = None
     fused_norms: bool = True
     own_decode_step: bool = True
     lora_mode: str = "merge"
