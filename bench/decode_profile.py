@@ -38,7 +38,7 @@ async def one_round(engine, rows: int, prompt: int, new: int, vocab: int, seed: 
     return 1e3 * (m1["engine/decode_s"] - m0["engine/decode_s"]) / steps, (m1["engine/decode_rows"] - m0["engine/decode_rows"]) / steps
 
 
-def kernel_table(prof, top: int) -> tuple[list[tuple[str, float]], dict[str, float]]:
+def kernel_table(prof, top: int) -> tuple[list[tuple[str, float]], dict[str, float], float]:
     times: dict[str, float] = {}
     for e in prof.key_averages():
         t = getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
@@ -50,7 +50,7 @@ def kernel_table(prof, top: int) -> tuple[list[tuple[str, float]], dict[str, flo
         kind = next((k for k, words in KINDS if any(w in name.lower() for w in words)), "other")
         kinds[kind] += t / total
     ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
-    return [(n[:110], t / total) for n, t in ranked], kinds
+    return [(n[:110], t / total) for n, t in ranked], kinds, total
 
 
 async def main() -> None:
@@ -59,7 +59,9 @@ async def main() -> None:
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--prompt", type=int, default=173)
     p.add_argument("--new", type=int, default=128)
-    p.add_argument("--compile", action="store_true", help="rollout.enable_torch_compile")
+    p.add_argument("--compile", action="store_true", help="rollout.enable_torch_compile=true (default: the engine's "
+                   "default, compiled where its own decode step runs)")
+    p.add_argument("--eager", action="store_true", help="rollout.enable_torch_compile=false")
     p.add_argument("--top", type=int, default=15)
     a = p.parse_args()
     from transformers import AutoConfig
@@ -68,24 +70,30 @@ async def main() -> None:
 
     cfg = AutoConfig.from_pretrained(a.model_dir)
     engine = HFEngine(str(a.model_dir), device="cuda", dtype="bfloat16", stop_on_eos=False, max_num_seqs=a.rows,
-                      max_model_len=a.prompt + a.new, torch_compile=a.compile, gpu_memory_utilization=0.9)
+                      max_model_len=a.prompt + a.new, torch_compile=True if a.compile else False if a.eager else None,
+                      gpu_memory_utilization=0.9)
     t0 = time.perf_counter()
     await one_round(engine, a.rows, a.prompt, a.new, cfg.vocab_size, 0)
     first_s = time.perf_counter() - t0
     ms, rows = await one_round(engine, a.rows, a.prompt, a.new, cfg.vocab_size, 1)
+    m0, t1 = engine.metrics(), time.perf_counter()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         await one_round(engine, a.rows, a.prompt, a.new, cfg.vocab_size, 2)
+    wall_s, steps = time.perf_counter() - t1, engine.metrics()["engine/decode_steps"] - m0["engine/decode_steps"]
     shape = {k: getattr(cfg, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                            "num_attention_heads", "num_key_value_heads", "vocab_size",
                                            "tie_word_embeddings")}  # fmt: skip
     roof = roofline(shape, torch.cuda.get_device_name(), decode_ms=ms, rows=rows, mean_context=a.prompt + a.new / 2)
-    top, kinds = kernel_table(prof, a.top)
+    top, kinds, gpu_us = kernel_table(prof, a.top)
+    busy = {"gpu_ms_per_step": gpu_us / 1e3 / steps, "wall_ms_per_step": 1e3 * wall_s / steps}
     print(f"first round (warm-up incl. captures/compiles) {first_s:.1f} s; {roofline_line(roof)}")
+    print(f"profiled round: {busy['wall_ms_per_step']:.2f} ms a decode step of wall time (prefill and host work "
+          f"included), {busy['gpu_ms_per_step']:.2f} ms of it running kernels")
     print("GPU time by kind: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in kinds.items()))
     for name, share in top:
         print(f"{100 * share:5.1f} %  {name}")
-    print(json.dumps({"bench": "decode_profile", "model": str(a.model_dir), "compile": a.compile, "first_round_s": first_s,
-                      "roofline": roof, "kinds": kinds, "top": top, "metrics": engine.metrics()}))
+    print(json.dumps({"bench": "decode_profile", "model": str(a.model_dir), "compile": "eager" if a.eager else "on" if a.compile else "default", "first_round_s": first_s,
+                      "roofline": roof, "kinds": kinds, "top": top, **busy, "metrics": engine.metrics()}))
     await engine.close()
 
 
