@@ -5,7 +5,8 @@ bucket covering the highest busy slot) and the first `kv_len` cache columns
 (a power-of-two bucket). Idle rows feed a pad token and write to the scratch
 column. On CUDA each (R, kv_len) bucket is captured once as a CUDA graph
 (lazily, or all at once by `capture_all`) and replayed; its inputs live in
-one static buffer. Prefill chunks have varying shapes and run eagerly.
+one static buffer, which `decode_next` fills from the last step's samples on the
+device (the engine's lookahead, continuous.py). Prefill chunks have varying shapes and run eagerly.
 CPU runs the same code without graphs.
 
 Graphs outlive sleep: the KV pool lives in an `Arena` (arena.py) whose memory `free()` gives back and
@@ -110,7 +111,7 @@ class ModelRunner:
         self.min_rows = 8 if self.cuda_graphs else 1
         self.pool: SlotKVPool | None = None
         self.graphs: dict[tuple[int, int], tuple[Callable[[], None], torch.Tensor]] = {}
-        self.busy_s = 0.0  # time inside forward + sampling (synchronised by the caller's .tolist())
+        self.busy_s = 0.0  # engine-thread time in prefill chunks and decode steps (the batcher adds it)
         self.capture_s, self.captures = 0.0, 0  # graph recordings (once per bucket while addresses hold)
 
     @contextmanager
@@ -203,10 +204,25 @@ class ModelRunner:
     @torch.no_grad()
     def decode(self, rows: int, ids: list[int], positions: list[int], active: list[int]) -> torch.Tensor:
         """One token for each of rows 0..rows-1 (inactive rows: pad, scratch column); returns logits [rows, V]."""
-        pool = self.ensure_pool()
-        kv_len = self.kv_bucket(max(positions) + 1)
-        pool.ensure_clean(kv_len)
+        self.ensure_pool()
         self.buf[:, :rows].copy_(torch.tensor([ids, positions, active], dtype=torch.long), non_blocking=True)
+        return self._decode(rows, max(positions) + 1)
+
+    @torch.no_grad()
+    def decode_next(self, rows: int, ids: torch.Tensor, positions: list[int], active: list[int]) -> torch.Tensor:
+        """`decode` whose ids are a device tensor [rows] (the last step's samples), copied in stream order, so
+        the host never waits for them. Inactive rows feed whatever `ids` holds there instead of the pad token:
+        they write only the scratch column and their logits are ignored."""
+        self.ensure_pool()
+        self.buf[1:, :rows].copy_(torch.tensor([positions, active], dtype=torch.long), non_blocking=True)
+        self.buf[0, :rows].copy_(ids)
+        return self._decode(rows, max(positions) + 1)
+
+    def _decode(self, rows: int, n_columns: int) -> torch.Tensor:
+        """The decode step over rows 0..rows-1 whose inputs are in `buf`, seeing `n_columns` cache columns."""
+        assert self.pool is not None
+        kv_len = self.kv_bucket(n_columns)
+        self.pool.ensure_clean(kv_len)
         if not self.cuda_graphs:
             with self.running():
                 out = self._decode_forward(rows, kv_len).float()

@@ -52,6 +52,12 @@ class Scheduler:
     def wants_prefill(self) -> bool:
         return bool(self.waiting) or any(s.state is SeqState.PREFILL for s in self.running.values())
 
+    def prefill_ready(self) -> bool:
+        """Whether `schedule_prefill` would carve a chunk now: a partial prompt, or a waiting request and a slot
+        it can take (a cancelled one is counted too)."""
+        partial = any(s.state is SeqState.PREFILL for s in self.running.values())
+        return partial or (bool(self.waiting) and self.table.has_room)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -125,7 +131,7 @@ class Scheduler:
         """Move running sequences into the lowest slots, so that a decode step covers `bucket(len(running))`
         rows rather than up to the highest slot an idle session left them in. Returns the (from, to) slot
         pairs whose K/V the caller must swap; whatever held `to` (free or an idle session) now holds `from`."""
-        target = bucket(len(self.running)) if self.running else 0
+        target = self._compact_target(bucket)
         movers = [s for s in self.running.values() if s.slot >= target]
         if not movers:
             return []
@@ -138,6 +144,14 @@ class Scheduler:
             seq.slot = hole
             self.running[hole] = seq
         return swaps
+
+    def needs_compaction(self, bucket: Callable[[int], int]) -> bool:
+        """Whether `compact` would move a sequence now."""
+        target = self._compact_target(bucket)
+        return any(slot >= target for slot in self.running)
+
+    def _compact_target(self, bucket: Callable[[int], int]) -> int:
+        return bucket(len(self.running)) if self.running else 0
 
     def decoding(self) -> list[Seq]:
         return [s for s in self.running.values() if s.state is SeqState.DECODE]

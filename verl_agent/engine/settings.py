@@ -44,6 +44,11 @@ class HFEngineSettings:
         engine runs the model.
     own_decode_step: run decode steps through the engine's own forward (engine/decode_step.py) where it
         reproduces the model (Llama, Mistral, Qwen2, Qwen3); False: transformers' forward for every model.
+    decode_lookahead: launch each decode step before recording the previous one's tokens, from those tokens on
+        the device, where the rows stay the same (engine/continuous.py): on a GPU the host's bookkeeping of a
+        step overlaps the next step's kernels. Seeded requests draw the same numbers either way (a step's rows
+        may differ, as with any change in the batch, in the last bits of their log-probs); False: one step at a
+        time.
     lora_mode: how LoRA adapters sent by `update_weights` apply (engine/lora.py): "merge" into the weights
         (a kept copy of each targeted base weight), or "unmerged" (extra thin matmuls in every forward).
     """
@@ -61,6 +66,7 @@ class HFEngineSettings:
     torch_compile: bool | None = None
     fused_norms: bool = True
     own_decode_step: bool = True
+    decode_lookahead: bool = True
     lora_mode: str = "merge"
 
     def __post_init__(self) -> None:

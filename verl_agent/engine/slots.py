@@ -87,5 +87,10 @@ class SlotTable:
             heapq.heappush(self._free, entry.slot)
 
     @property
+    def has_room(self) -> bool:
+        """Whether `take_free` would find a slot (free, or an idle session's to evict)."""
+        return bool(self._free or self._idle)
+
+    @property
     def n_idle(self) -> int:
         return len(self._idle)

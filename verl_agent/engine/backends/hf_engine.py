@@ -168,7 +168,7 @@ class HFEngine:
             self.model, budget, pad_id=_pad_id(self.model, self.vocab_size), cache_kw=_cache_kw(self.model),
             cuda_graphs=s.cuda_graphs, max_num_batched_tokens=s.max_num_batched_tokens, generator=self._generator,
             compile_decode=s.torch_compile, fused_norms=s.fused_norms, capture=self._graph_capture,
-            own_decode_step=s.own_decode_step,
+            own_decode_step=s.own_decode_step, decode_lookahead=s.decode_lookahead,
         )  # fmt: skip
         batcher.runner.fixed_weights = self._params is not None or self._borrowed
         return batcher
@@ -209,8 +209,8 @@ class HFEngine:
         return True
 
     def metrics(self) -> dict[str, float]:
-        """Counters since construction and gauges, as `engine/<name>` floats (busy_s: seconds inside forward +
-        sampling)."""
+        """Counters since construction and gauges, as `engine/<name>` floats (busy_s: prefill_s + decode_s, the
+        engine thread's time in prefill chunks and decode steps; see continuous.py)."""
         b = self._batcher
         out = {**b.counters, **b.sched.counters, "busy_s": b.runner.busy_s,
                "sessions_evicted": b.sched.table.evicted, "sessions_idle": b.sched.table.n_idle,
