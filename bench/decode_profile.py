@@ -62,6 +62,7 @@ async def main() -> None:
     p.add_argument("--compile", action="store_true", help="rollout.enable_torch_compile=true (default: the engine's "
                    "default, compiled where its own decode step runs)")
     p.add_argument("--eager", action="store_true", help="rollout.enable_torch_compile=false")
+    p.add_argument("--no-lookahead", action="store_true", help="decode one step at a time (decode_lookahead=False)")
     p.add_argument("--top", type=int, default=15)
     a = p.parse_args()
     from transformers import AutoConfig
@@ -71,7 +72,7 @@ async def main() -> None:
     cfg = AutoConfig.from_pretrained(a.model_dir)
     engine = HFEngine(str(a.model_dir), device="cuda", dtype="bfloat16", stop_on_eos=False, max_num_seqs=a.rows,
                       max_model_len=a.prompt + a.new, torch_compile=True if a.compile else False if a.eager else None,
-                      gpu_memory_utilization=0.9)
+                      gpu_memory_utilization=0.9, decode_lookahead=not a.no_lookahead)
     t0 = time.perf_counter()
     await one_round(engine, a.rows, a.prompt, a.new, cfg.vocab_size, 0)
     first_s = time.perf_counter() - t0
@@ -92,7 +93,7 @@ async def main() -> None:
     print("GPU time by kind: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in kinds.items()))
     for name, share in top:
         print(f"{100 * share:5.1f} %  {name}")
-    print(json.dumps({"bench": "decode_profile", "model": str(a.model_dir), "compile": "eager" if a.eager else "on" if a.compile else "default", "first_round_s": first_s,
+    print(json.dumps({"bench": "decode_profile", "model": str(a.model_dir), "compile": "eager" if a.eager else "on" if a.compile else "default", "lookahead": not a.no_lookahead, "first_round_s": first_s,
                       "roofline": roof, "kinds": kinds, "top": top, **busy, "metrics": engine.metrics()}))
     await engine.close()
 
