@@ -104,3 +104,19 @@ def test_one_compiled_graph_serves_every_layer(monkeypatch):
     for rows in (4, 4, 8, 16):
         runner.decode(rows, [9] * rows, [3] * rows, [1] * rows)
     assert len(compiles) == 2, compiles
+
+
+def test_the_decode_step_records_nothing_for_autograd():
+    """Called with grad enabled (a graph capture outside the engine's no_grad decode, a borrowed actor's
+    weights that require grad), the step still builds no autograd graph: compiled, it is an inference graph."""
+    model = _model("qwen2", torch.float32, arena=False)
+    assert all(p.requires_grad for p in model.parameters())
+    runner = ModelRunner(model, KVBudget(4, 64, 0, 0), pad_id=0, cache_kw=_cache_kw(model), cuda_graphs=False)
+    runner.prefill([(0, [5, 6, 7], 0)])
+    pool = runner.ensure_pool()
+    pool.ensure_clean(64)
+    with torch.enable_grad():
+        ids, pos = torch.tensor([9, 0]), torch.tensor([3, 0])
+        out = runner.decode_step(ids, pos, pos, runner._mask(torch.ones(2, 1, 64, dtype=torch.bool)), pool.k, pool.v,
+                                 pool.row_ids[:2])  # fmt: skip
+    assert not out.requires_grad and out.grad_fn is None

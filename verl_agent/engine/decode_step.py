@@ -70,6 +70,8 @@ def place_back_to_back(model: nn.Module) -> int:
             view.copy_(p.data)
             p.data = view
             at += p.numel()
+    if any(g[0].is_cuda for g in groups):  # the old tensors' memory back to the device, for memory planners
+        torch.cuda.empty_cache()
     return len(groups)
 
 
@@ -193,6 +195,7 @@ class DecodeStep:
                 layer.post_attention_layernorm.weight, gu_w, m.down_proj.weight)  # fmt: skip
 
     # -- the forward ---------------------------------------------------------------------------------
+    @torch.no_grad()  # the weights require grad (a borrowed actor's); a traced step must not record for autograd
     def __call__(self, ids: Tensor, positions: Tensor, write: Tensor, mask: Tensor, k_cache: Sequence[Tensor],
                  v_cache: Sequence[Tensor], rows: Tensor) -> Tensor:  # fmt: skip
         """Logits [R, V] for one token in each of rows 0..R-1: `ids`, `positions`, `write` (its K/V column) [R],

@@ -266,6 +266,7 @@ class ModelRunner:
         logger.info("captured decode graph rows=%d kv_len=%d in %.2fs", rows, kv_len, dt)
         return replay, out
 
+    @torch.no_grad()
     def capture_all(self) -> int:
         """Capture every decode bucket now (largest first, so the smaller ones reuse its memory)."""
         if not self.cuda_graphs:
