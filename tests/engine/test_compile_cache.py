@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_agent.engine.compile_cache import compile_key
+from verl_agent.engine.runner.compile_cache import compile_key
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """

@@ -8,11 +8,11 @@ import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)  # fmt: skip
 
-from verl_agent.engine.arena import ParamArena
+from verl_agent.engine.runner.arena import ParamArena
 from verl_agent.engine.backends.hf_engine import _cache_kw
-from verl_agent.engine.decode_step import DecodeStep, fusion_groups
-from verl_agent.engine.kv_pool import KVBudget
-from verl_agent.engine.model_runner import ModelRunner
+from verl_agent.engine.runner.decode_step import DecodeStep, fusion_groups
+from verl_agent.engine.runner.kv_pool import KVBudget
+from verl_agent.engine.runner.model_runner import ModelRunner
 
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, rms_norm_eps=1e-5)  # fmt: skip
@@ -84,7 +84,7 @@ def test_models_it_does_not_reproduce_keep_transformers_forward():
 def test_one_compiled_graph_serves_every_layer(monkeypatch):
     """Compiled, the layer function is traced once for all layers of a bucket (a whole-model compile traces
     each layer anew); a second bucket adds one graph with dynamic sizes, a third none."""
-    from verl_agent.engine import model_runner
+    from verl_agent.engine.runner import model_runner
 
     compiles = []
 

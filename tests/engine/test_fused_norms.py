@@ -1,4 +1,4 @@
-"""The engine's fused RMSNorm layers (engine/fused_norms.py): same samples as the model's own norms, the
+"""The engine's fused RMSNorm layers (engine/runner/fused_norms.py): same samples as the model's own norms, the
 fused kernel really runs inside the engine's forward and nowhere else, and norm variants with another
 formula keep their forward."""
 
@@ -13,7 +13,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.fused_norms import FusedNorms, fuse_norms
+from verl_agent.engine.runner.fused_norms import FusedNorms, fuse_norms
 from verl_agent.engine.backends.hf_engine import HFEngine
 
 PROMPTS = [[5 + i + j for j in range(1 + i % 4)] for i in range(8)]

@@ -20,7 +20,7 @@ import pytest
 import torch
 from model_helpers import random_qwen2
 
-from verl_agent.engine import arena, model_runner
+from verl_agent.engine.runner import arena, model_runner
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.engine.backends.hf_engine import HFEngine
 

@@ -9,7 +9,7 @@ import torch
 
 from verl_agent.engine.contract import SamplingParams
 from verl_agent.engine.backends.hf_engine import HFEngine, KVCacheOverflowError
-from verl_agent.engine.kv_pool import kv_bytes_per_token
+from verl_agent.engine.runner.kv_pool import kv_bytes_per_token
 from verl_agent.engine.slots import SlotTable
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]

@@ -1,4 +1,4 @@
-"""LoRA adapters in the hf engine (engine/lora.py): both modes give the policy W x + B (A x), merging never
+"""LoRA adapters in the hf engine (engine/runner/lora.py): both modes give the policy W x + B (A x), merging never
 drifts over many syncs, and bad adapter tensors are refused by name before anything changes.
 
 The real tiny model in a real HFEngine; the expected policy is a PEFT model with the same adapters."""

@@ -184,7 +184,7 @@ def test_lora_yaml_on_two_ranks_syncs_adapters_only(ray_cluster, make_cfg, rando
 def test_fresh_adapters_reach_the_engine_before_the_first_rollout(ray_cluster, make_cfg):
     """Unmerged adapters are installed at start-up, not at the first sync after step 1: the first decode
     graphs then hold their matmuls, and the second step records none again."""
-    from verl_agent.engine.lora import LoRALinear
+    from verl_agent.engine.runner.lora import LoRALinear
     from verl_agent.trainer.workers.controller import WorkerGroup
 
     group = WorkerGroup.create(make_cfg(*LORA, "trainer.num_cpu_workers=1",

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from verl_agent.engine.contract import SamplingParams
-from verl_agent.engine.kv_pool import KVBudget
-from verl_agent.engine.model_runner import GraphCapture, ModelRunner
+from verl_agent.engine.runner.kv_pool import KVBudget
+from verl_agent.engine.runner.model_runner import GraphCapture, ModelRunner
 from verl_agent.engine.sampling import RowParams, row_rng, sample
 from verl_agent.engine.scheduler import Chunk, Scheduler
 from verl_agent.engine.sequence import Seq, SeqState

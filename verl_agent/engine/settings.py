@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["HFEngineSettings"]
 
 DTYPES = ("float32", "bfloat16", "float16")
-LORA_MODES = ("merge", "unmerged")  # engine/lora.py
+LORA_MODES = ("merge", "unmerged")  # engine/runner/lora.py
 
 
 @dataclass(frozen=True)
@@ -37,19 +37,19 @@ class HFEngineSettings:
     torch_compile: torch.compile the decode step (then captured as CUDA graphs on CUDA): fewer, fused kernels
         a layer, for a compile per decode shape on first use; the compiled artifacts are kept under
         $VERL_AGENT_CACHE/compile and loaded by later runs (compile_cache.py). None (default): on CUDA, where
-        the engine's own decode step runs (engine/decode_step.py: one layer compiled for all, so a compile
+        the engine's own decode step runs (engine/runner/decode_step.py: one layer compiled for all, so a compile
         costs seconds); True: also transformers' whole forward for other models; False: never.
-    fused_norms: run the model's RMSNorm layers through torch's fused kernel (engine/fused_norms.py): fewer
+    fused_norms: run the model's RMSNorm layers through torch's fused kernel (engine/runner/fused_norms.py): fewer
         kernels a decode step, the same rounding points as the model's own forward; switched only while the
         engine runs the model.
-    own_decode_step: run decode steps through the engine's own forward (engine/decode_step.py) where it
+    own_decode_step: run decode steps through the engine's own forward (engine/runner/decode_step.py) where it
         reproduces the model (Llama, Mistral, Qwen2, Qwen3); False: transformers' forward for every model.
     decode_lookahead: launch each decode step before recording the previous one's tokens, from those tokens on
         the device, where the rows stay the same (engine/continuous.py): on a GPU the host's bookkeeping of a
         step overlaps the next step's kernels. Seeded requests draw the same numbers either way (a step's rows
         may differ, as with any change in the batch, in the last bits of their log-probs); False: one step at a
         time.
-    lora_mode: how LoRA adapters sent by `update_weights` apply (engine/lora.py): "merge" into the weights
+    lora_mode: how LoRA adapters sent by `update_weights` apply (engine/runner/lora.py): "merge" into the weights
         (a kept copy of each targeted base weight), or "unmerged" (extra thin matmuls in every forward).
     """
 

@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
-from verl_agent.engine.arena import ParamArena
+from verl_agent.engine.runner.arena import ParamArena
 from verl_agent.engine.continuous import ContinuousBatcher, KVCacheOverflowError
 from verl_agent.engine.contract import GenerateOutput, SamplingParams
-from verl_agent.engine.decode_step import fusion_groups
-from verl_agent.engine.kv_pool import plan_budget
-from verl_agent.engine.lora import apply_adapters, split_adapter_tensors
-from verl_agent.engine.model_runner import GraphCapture
+from verl_agent.engine.runner.decode_step import fusion_groups
+from verl_agent.engine.runner.kv_pool import plan_budget
+from verl_agent.engine.runner.lora import apply_adapters, split_adapter_tensors
+from verl_agent.engine.runner.model_runner import GraphCapture
 from verl_agent.engine.settings import HFEngineSettings
 
 logger = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ class HFEngine:
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors into the model's parameters/buffers in place, by name; unknown names raise KeyError.
         LoRA adapter tensors (``<layer>.lora_A.weight``, ``<layer>.lora_B.weight`` pre-scaled) are applied as
-        settings.lora_mode says (engine/lora.py).
+        settings.lora_mode says (engine/runner/lora.py).
 
         Idle sessions' K/V were computed by the old weights, so they are dropped."""
         async with self._get_lock():

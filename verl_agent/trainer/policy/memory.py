@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from verl_agent.config import ConfigError
-from verl_agent.engine.kv_pool import (
+from verl_agent.engine.runner.kv_pool import (
     device_available_bytes, device_memory_bytes, kv_bytes_per_token, share_budget,
 )
 from verl_agent.trainer.algorithms.advantage_base import needs_critic
@@ -305,7 +305,7 @@ def _inputs(cfg: Any, actor: nn.Module, device: torch.device, loaded: list[nn.Mo
 
 def _engine_lora_extra(actor: nn.Module, mode: str) -> int:
     """Elements the engine holds beyond the model with LoRA: merged, a copy of every targeted base weight
-    (engine/lora.py; the adapters themselves are counted in the model's parameters either way)."""
+    (engine/runner/lora.py; the adapters themselves are counted in the model's parameters either way)."""
     if mode != "merge":
         return 0
     return sum(m.base_layer.weight.numel() for m in actor.modules()

@@ -22,8 +22,8 @@ from verl_agent.trainer.policy.actor import (
 )
 from verl_agent.trainer.algorithms.advantage_base import needs_critic
 from verl_agent.trainer.policy.batch import TrainSeq
-from verl_agent.engine.decode_step import place_back_to_back
-from verl_agent.engine.fused_norms import fuse_norms
+from verl_agent.engine.runner.decode_step import place_back_to_back
+from verl_agent.engine.runner.fused_norms import fuse_norms
 from verl_agent.trainer.policy.fsdp import iter_full_param_buckets, load_causal_lm, make_scheduler, shard
 from verl_agent.trainer.policy.memory import plan_memory
 from verl_agent.trainer.policy.shared_prefix import supports_packing
@@ -139,7 +139,7 @@ class Policy:
             model = wrap_lora(model, model_cfg)
         model = model if offload else model.to(self.device)  # offloaded shards stay on the host
         fuse_norms(model)
-        if shared and not lora:  # the engine reads q/k/v and gate/up as one product each (engine/decode_step.py)
+        if shared and not lora:  # the engine reads q/k/v and gate/up as one product each (engine/runner/decode_step.py)
             place_back_to_back(model)
         return model
 

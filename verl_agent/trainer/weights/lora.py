@@ -4,7 +4,7 @@ The base model is frozen (bf16 on GPU, or whatever model.dtype says) and holds n
 adapters are fp32 master weights (PEFT's `autocast_adapter_dtype`). The reference policy is the same
 model with its adapters switched off (`reference_of`), never a second copy. The engine gets only the
 adapter tensors (`engine_adapter_tensors`), named after the base model's layers with B pre-scaled
-(engine/lora.py); with one train rank it may read the actor's base tensors instead of holding its own
+(engine/runner/lora.py); with one train rank it may read the actor's base tensors instead of holding its own
 (shared_weights.py). The HF export is a PEFT adapter folder (`export_adapter`), plus, with
 trainer.export_merged_model, the merged full model (`merged_tensors`).
 """
@@ -116,7 +116,7 @@ def engine_name(peft_name: str) -> str:
 
 def engine_adapter_tensors(buckets: Iterator[list[tuple[str, Tensor]]], scaling: float
                            ) -> Iterator[list[tuple[str, Tensor]]]:  # fmt: skip
-    """Gathered adapter buckets renamed for the engine, B multiplied by the scaling (engine/lora.py)."""
+    """Gathered adapter buckets renamed for the engine, B multiplied by the scaling (engine/runner/lora.py)."""
     for bucket in buckets:
         yield [(engine_name(n), t * scaling if ".lora_B." in n else t) for n, t in bucket]
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from verl_agent.engine.arena import ALIGN, Arena
+from verl_agent.engine.runner.arena import ALIGN, Arena
 
 ATTN_NAME = "verl_agent_slots"
 

@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from verl_agent.engine.arena import make_arena
-from verl_agent.engine.compile_cache import CompileCache, compile_key
-from verl_agent.engine.decode_step import DecodeStep
-from verl_agent.engine.fused_norms import FusedNorms
-from verl_agent.engine.kv_pool import KVBudget, SlotKVPool, slot_attention_enabled
+from verl_agent.engine.runner.arena import make_arena
+from verl_agent.engine.runner.compile_cache import CompileCache, compile_key
+from verl_agent.engine.runner.decode_step import DecodeStep
+from verl_agent.engine.runner.fused_norms import FusedNorms
+from verl_agent.engine.runner.kv_pool import KVBudget, SlotKVPool, slot_attention_enabled
 
 GraphCapture = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], None], torch.Tensor]]
 
