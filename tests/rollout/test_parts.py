@@ -61,6 +61,29 @@ def test_sampling_draws_each_token_with_its_probability():
     assert len(set(seeded_run(0))) > 1  # a sequence of draws, not one number
 
 
+def test_the_two_level_cdf_inversion_picks_what_one_long_cumulative_sum_picks():
+    """invert_cdf (blocks of tokens, then the tokens of one block) against a float64 inversion over the whole
+    row, on a vocabulary that is not a multiple of the block: the same token for 4000 uniform numbers, and
+    never a token of mass 0 (a whole zero block, and zeros on block edges, among them the last token)."""
+    from verl_agent.engine.sampling import CDF_BLOCK, invert_cdf
+
+    gen = torch.Generator().manual_seed(3)
+    v = 5 * CDF_BLOCK + 37
+    probs = torch.rand(8, v, generator=gen) ** 4
+    probs[:, CDF_BLOCK : 2 * CDF_BLOCK] = 0  # a whole block of mass 0
+    probs[:, [CDF_BLOCK - 1, 2 * CDF_BLOCK, 3 * CDF_BLOCK - 1, v - 1]] = 0
+    probs[1] = 0
+    probs[1, 300] = 0.5  # one token holds all the mass
+    u = torch.rand(500, 8, generator=gen)
+    u[0] = 0.0
+    ours = torch.stack([invert_cdf(probs, row) for row in u])
+    cdf = probs.double().cumsum(-1)
+    ref = torch.stack([torch.searchsorted(cdf, (row.double()[:, None] * cdf[:, -1:]).contiguous(), right=True)
+                       .squeeze(-1) for row in u])  # fmt: skip
+    assert torch.equal(ours, ref)
+    assert (probs.gather(1, ours.T) > 0).all() and (ours[:, 1] == 300).all()
+
+
 TEXT = "abcdefghijklmnopqrstuvwxyz" + "0123456789" * 3
 MARK = "...(truncated)..."
 

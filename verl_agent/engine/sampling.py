@@ -7,8 +7,8 @@ log-probs serve as a check of engine/actor agreement, and this choice makes
 them comparable with the actor's full-vocabulary log-probs at the same
 temperature.
 
-Sampling inverts each row's CDF at one uniform number per row and step (``searchsorted``
-over the cumulative probabilities): a categorical draw in two kernels for the whole batch.
+Sampling inverts each row's CDF at one uniform number per row and step (``invert_cdf``: blocks of
+tokens, then the tokens of one block): a categorical draw in a few kernels for the whole batch.
 A seeded row takes its number from its own ``random.Random`` on the host, so the same seed
 gives the same samples whatever the batch around it, and all rows' numbers reach the device in
 one copy rather than one kernel launch per seeded row.
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from verl_agent.engine.contract import SamplingParams
 
@@ -76,6 +77,30 @@ def filter_top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
 
 
+CDF_BLOCK = 128  # tokens per block of `invert_cdf`
+
+
+def invert_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of `probs` [B, V] (unnormalised, >= 0), the first token whose cumulative mass exceeds u x the
+    row's total (u [B] in [0, 1)): token i with probability p_i, never one of mass 0.
+
+    In two levels, blocks of CDF_BLOCK tokens and then the tokens of the chosen block: a cumulative sum along
+    a whole vocabulary row is one long scan per row, which leaves most of a GPU idle for a batch of rows."""
+    b, v = probs.shape
+    blocks = (F.pad(probs, (0, -v % CDF_BLOCK)) if v % CDF_BLOCK else probs).view(b, -1, CDF_BLOCK)
+    mass = blocks.sum(dim=-1)
+    cdf = mass.cumsum(dim=-1)
+    zero = torch.zeros((), dtype=probs.dtype, device=probs.device)
+    # below the total (a target at the total would pass the last token of mass > 0), then a block of mass > 0
+    target = torch.minimum(u[:, None].to(probs.dtype) * cdf[:, -1:], torch.nextafter(cdf[:, -1:], zero))
+    k = torch.searchsorted(cdf, target.contiguous(), right=True).clamp(max=cdf.shape[1] - 1)
+    inner = blocks.gather(1, k[..., None].expand(-1, -1, CDF_BLOCK)).squeeze(1).cumsum(dim=-1)
+    rest = (target - (cdf.gather(1, k) - mass.gather(1, k))).clamp(min=0)  # the target past the blocks before
+    rest = torch.minimum(rest, torch.nextafter(inner[:, -1:], zero))  # the block's own sum, rounded otherwise
+    j = torch.searchsorted(inner, rest.contiguous(), right=True).clamp(max=CDF_BLOCK - 1)
+    return (k * CDF_BLOCK + j).squeeze(-1)
+
+
 def sample(
     logits: torch.Tensor, rows: RowParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,16 +112,13 @@ def sample(
     temp = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
     scaled = logits / temp[:, None]
     logp = scaled.log_softmax(dim=-1)
-    filtered = filter_top_k_top_p(scaled, rows.top_k, rows.top_p) if rows.any_filter else scaled
-    cdf = filtered.softmax(dim=-1).cumsum(dim=-1)
+    probs = filter_top_k_top_p(scaled, rows.top_k, rows.top_p).softmax(dim=-1) if rows.any_filter else logp.exp()
     u = torch.rand(len(rows.rngs), device=logits.device, generator=generator)
     if any(r is not None for r in rows.rngs):  # seeded rows: their own numbers, one copy for the batch
         own = torch.tensor([r.random() if r is not None else -1.0 for r in rows.rngs], dtype=torch.float32)
         own = own.to(logits.device, non_blocking=True)
         u = torch.where(own >= 0, own, u)
-    # first index whose cumulative mass exceeds u x total: token i with probability p_i (p_i = 0 never)
-    tokens = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True).squeeze(-1)
-    tokens = tokens.clamp(max=logits.shape[-1] - 1)
+    tokens = invert_cdf(probs, u)
     if rows.any_greedy:
         tokens = torch.where(rows.temperature > 0, tokens, logits.argmax(dim=-1))
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
