@@ -106,3 +106,12 @@ def random_qwen2(vocab: int = 96, layers: int = 2, seed: int = 0):
         eos_token_id=1, pad_token_id=0, tie_word_embeddings=True,
     )  # fmt: skip
     return Qwen2ForCausalLM(cfg).eval()
+
+
+async def wait_for(cond, timeout: float = 60.0) -> None:
+    """Poll `cond` on the running event loop until it holds (fails after `timeout` seconds)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.001)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from model_helpers import random_qwen2
+from model_helpers import random_qwen2, wait_for
 
 from verl_agent.engine.backends.hf_engine import HFEngine
 from verl_agent.engine.contract import GenerateOutput, SamplingParams
@@ -47,14 +47,6 @@ def make_engine(lookahead: bool, graphs: bool = False, **kw) -> HFEngine:
     if capture is not None:
         capture.engine = e
     return e
-
-
-async def wait_for(cond, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "timed out"
-        await asyncio.sleep(0.001)
 
 
 async def idle(e: HFEngine) -> None:

@@ -11,6 +11,7 @@ from verl_agent.engine.contract import SamplingParams
 from verl_agent.engine.backends.hf_engine import HFEngine, KVCacheOverflowError
 from verl_agent.engine.runner.kv_pool import kv_bytes_per_token
 from verl_agent.engine.slots import SlotTable
+from model_helpers import wait_for
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 TOOL = [40, 41, 42, 43, 44]  # "tool output" appended between turns
@@ -18,14 +19,6 @@ TOOL = [40, 41, 42, 43, 44]  # "tool output" appended between turns
 
 def engine(model, **kw) -> HFEngine:
     return HFEngine(model, stop_on_eos=False, max_model_len=kw.pop("max_model_len", 128), **kw)
-
-
-async def wait_for(cond, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "timed out"
-        await asyncio.sleep(0.001)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
