@@ -12,6 +12,7 @@ from verl_agent.engine.runner.arena import ParamArena
 from verl_agent.engine.backends.hf_engine import _cache_kw
 from verl_agent.engine.runner.decode_step import DecodeStep, fusion_groups
 from verl_agent.engine.runner.kv_pool import KVBudget
+from verl_agent.engine.runner.lora import LoRALinear, apply_adapters
 from verl_agent.engine.runner.model_runner import ModelRunner
 
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
@@ -34,6 +35,18 @@ def _model(family: str, dtype: torch.dtype, arena: bool):
     if arena:  # the engine's own weights: q/k/v and gate/up back to back
         assert ParamArena.adopt(model, torch.device("cpu"), fusion_groups(model)) is not None
     return model
+
+
+def _adapt(model, rank: int = 4, head: bool = False) -> None:
+    """Unmerged adapters (random A and B, so they count) on every projection of every layer, and the LM head."""
+    gen = torch.Generator().manual_seed(1)
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (head or n != "lm_head")]
+    adapters = {}
+    for n in names:
+        out_f, in_f = model.get_submodule(n).weight.shape
+        a, b = torch.randn(rank, in_f, generator=gen), torch.randn(out_f, rank, generator=gen)
+        adapters[n] = {"A": a * 0.3, "B": b * 0.3}
+    assert apply_adapters(model, adapters, "unmerged") == len(names)
 
 
 def _logits(model, own: bool) -> torch.Tensor:
@@ -65,6 +78,38 @@ def test_the_decode_step_computes_the_models_own_logits(family, arena):
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("arena", [False, True], ids=["separate", "back-to-back"])
+def test_unmerged_lora_adapters_run_in_the_decode_step(family, arena):
+    """The engine's unmerged LoRA (LoRALinear on every projection and the LM head): the step reads the adapters
+    with the weights and still gives, in fp32, bit for bit what transformers' forward through LoRALinear gives;
+    zeroed adapters give the base model's logits."""
+    model = _model(family, torch.float32, arena)
+    base = _logits(model, own=True)
+    _adapt(model, head=True)
+    step = DecodeStep.of(model, fused_norms=True)
+    assert step.applies() and isinstance(model.model.layers[0].self_attn.k_proj, LoRALinear)
+    ours = _logits(model, own=True)
+    torch.testing.assert_close(ours, _logits(model, own=False), rtol=0, atol=0)
+    assert (ours - base).abs().max() > 0.1  # the adapters change the logits
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.zero_()
+    torch.testing.assert_close(_logits(model, own=True), base, rtol=1e-6, atol=1e-6)
+
+
+def test_a_projection_of_another_class_sends_the_step_to_transformers_forward():
+    class Quantized(torch.nn.Linear):  # a stand-in for any layer whose forward the step does not reproduce
+        pass
+
+    model = _model("qwen2", torch.float32, arena=False)
+    step = DecodeStep.of(model, fused_norms=True)
+    assert step.applies()
+    model.model.layers[2].mlp.up_proj.__class__ = Quantized
+    assert not step.applies()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_in_bf16_the_decode_step_stays_within_rounding_of_the_models_forward(family):
     model = _model(family, torch.bfloat16, arena=True)
     ours, theirs = _logits(model, own=True), _logits(model, own=False)
@@ -81,9 +126,11 @@ def test_models_it_does_not_reproduce_keep_transformers_forward():
     assert DecodeStep.of(Qwen2ForCausalLM(Qwen2Config(**SHAPE)), fused_norms=True) is not None
 
 
-def test_one_compiled_graph_serves_every_layer(monkeypatch):
+@pytest.mark.parametrize("lora", [False, True], ids=["plain", "unmerged-lora"])
+def test_one_compiled_graph_serves_every_layer(monkeypatch, lora):
     """Compiled, the layer function is traced once for all layers of a bucket (a whole-model compile traces
-    each layer anew); a second bucket adds one graph with dynamic sizes, a third none."""
+    each layer anew), unmerged adapters included; a second bucket adds one graph with dynamic sizes, a third
+    none."""
     from verl_agent.engine.runner import model_runner
 
     compiles = []
@@ -97,6 +144,8 @@ def test_one_compiled_graph_serves_every_layer(monkeypatch):
     torch._dynamo.reset()
     model = _model("qwen2", torch.float32, arena=True)
     model.config.num_hidden_layers = 3
+    if lora:
+        _adapt(model)
     runner = ModelRunner(model, KVBudget(16, 64, 0, 0), pad_id=0, cache_kw=_cache_kw(model), cuda_graphs=False,
                          compile_decode=True)  # fmt: skip
     assert runner.decode_model is model  # transformers' forward is not compiled

@@ -20,8 +20,9 @@ narrow ones, and the K/V heads' thin products stop wasting most of the GPU.
 
 A model qualifies when its type is one of `MODEL_TYPES` and every layer has the plain modules this code
 reproduces (`DecodeStep.of` returns None otherwise, and the engine runs transformers' forward).
-Projections that become LoRA layers (the engine's unmerged adapters) are checked at each call
-(`applies`), and the engine falls back to transformers' forward for them too.
+Unmerged LoRA adapters (lora.LoRALinear) are read with the weights at every call: each adapted projection
+adds ``B (A x)`` to its slice of the (fused) product, as LoRALinear does, one accumulating product. A
+projection of any other class (`applies` checks at each call) sends the step back to transformers' forward.
 """
 
 from __future__ import annotations
@@ -33,14 +34,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from verl_agent.engine.runner.lora import LoRALinear
+
 __all__ = ["MODEL_TYPES", "DecodeStep", "fusion_groups", "place_back_to_back"]
 
 MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 _ATTN, _MLP = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
 
 # One layer's tensors, in this order (None where a model has no such tensor):
-# ln1, (q, k, v) or (qkv,), their biases (same arity), o, o bias, q_norm, k_norm, ln2, (gate, up) or (gate_up,), down
+# ln1, (q, k, v) or (qkv,), their biases (same arity), o, o bias, q_norm, k_norm, ln2, (gate, up) or (gate_up,), down,
+# and the unmerged adapters of q, k, v, o, gate, up, down: (A, B) each, or None
 LayerTensors = tuple[Any, ...]
+Adapter = tuple[Tensor, Tensor] | None
 
 
 def fusion_groups(model: nn.Module) -> list[list[nn.Parameter]]:
@@ -87,8 +92,20 @@ def _norm_ok(m: Any) -> bool:
             and isinstance(getattr(m, "variance_epsilon", None), float))  # fmt: skip
 
 
-def _plain_linear(m: Any) -> bool:
-    return type(m) is nn.Linear
+def _linear_or_adapted(m: Any) -> bool:
+    return type(m) in (nn.Linear, LoRALinear)
+
+
+def _adapter(m: nn.Linear) -> Adapter:
+    return (m.lora_A, m.lora_B) if type(m) is LoRALinear else None
+
+
+def _adapted(y: Tensor, x: Tensor, adapter: Adapter) -> Tensor:
+    """`y` plus an unmerged adapter's ``B (A x)``, accumulated by the product itself (as LoRALinear does)."""
+    if adapter is None:
+        return y
+    a, b = adapter
+    return torch.addmm(y, F.linear(x, a), b.t())
 
 
 def _back_to_back(tensors: Sequence[Tensor | None]) -> Tensor | None:
@@ -177,13 +194,12 @@ class DecodeStep:
         return cls(model, fused_norms, fuse_projections)
 
     def applies(self) -> bool:
-        """Every projection is still a plain linear layer (unmerged LoRA adapters swap their class)."""
+        """Every projection is still a linear layer, plain or with an unmerged adapter (the engine's unmerged
+        LoRA swaps their class, and so might other code)."""
         for layer in self.layers:
-            a, m = layer.self_attn, layer.mlp
-            mods = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-            if not all(_plain_linear(x) for x in mods):
+            if not all(_linear_or_adapted(x) for x in _projections(layer)):
                 return False
-        return _plain_linear(self.model.lm_head)
+        return _linear_or_adapted(self.model.lm_head)
 
     def tensors(self, layer: nn.Module) -> LayerTensors:
         a, m = layer.self_attn, layer.mlp
@@ -191,8 +207,9 @@ class DecodeStep:
         gu_w, _ = _group((m.gate_proj, m.up_proj), self.fuse)
         qn = a.q_norm.weight if self.qk_norm else None
         kn = a.k_norm.weight if self.qk_norm else None
+        adapters = tuple(_adapter(x) for x in _projections(layer))
         return (layer.input_layernorm.weight, qkv_w, qkv_b, a.o_proj.weight, a.o_proj.bias, qn, kn,
-                layer.post_attention_layernorm.weight, gu_w, m.down_proj.weight)  # fmt: skip
+                layer.post_attention_layernorm.weight, gu_w, m.down_proj.weight, adapters)  # fmt: skip
 
     # -- the forward ---------------------------------------------------------------------------------
     @torch.no_grad()  # the weights require grad (a borrowed actor's); a traced step must not record for autograd
@@ -209,12 +226,12 @@ class DecodeStep:
             h, delta = layer(h, delta, self.tensors(mod), k_cache[i], v_cache[i], cos, sin, rows, write, mask)
         out = self.rms(h + delta, inner.norm.weight, self.eps)
         head = self.model.lm_head
-        return F.linear(out, head.weight, head.bias)
+        return _adapted(F.linear(out, head.weight, head.bias), out, _adapter(head))
 
     def _layer(self, h: Tensor, delta: Tensor, w: LayerTensors, k_cache: Tensor, v_cache: Tensor, cos: Tensor,
                sin: Tensor, rows: Tensor, write: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
         """One decoder layer: returns (the residual stream before this layer's MLP is added, the MLP's output)."""
-        ln1, qkv_w, qkv_b, o_w, o_b, q_norm, k_norm, ln2, gu_w, down_w = w
+        ln1, qkv_w, qkv_b, o_w, o_b, q_norm, k_norm, ln2, gu_w, down_w, (q_ad, k_ad, v_ad, o_ad, g_ad, u_ad, d_ad) = w
         r, n_h, n_kv, d = h.shape[0], self.heads, self.kv_heads, self.head_dim
         h = h + delta
         x = self.rms(h, ln1, self.eps)
@@ -222,7 +239,8 @@ class DecodeStep:
             q, k, v = F.linear(x, qkv_w[0], qkv_b[0]).split((n_h * d, n_kv * d, n_kv * d), dim=-1)
         else:
             q, k, v = (F.linear(x, wt, b) for wt, b in zip(qkv_w, qkv_b))
-        q, k, v = q.view(r, n_h, d), k.view(r, n_kv, d), v.view(r, n_kv, d)
+        q, k, v = _adapted(q, x, q_ad), _adapted(k, x, k_ad), _adapted(v, x, v_ad)
+        q, k, v = q.reshape(r, n_h, d), k.reshape(r, n_kv, d), v.reshape(r, n_kv, d)
         if q_norm is not None:
             q, k = self.rms(q, q_norm, self.eps), self.rms(k, k_norm, self.eps)
         q = q * cos + _rotate_half(q) * sin
@@ -234,13 +252,20 @@ class DecodeStep:
         # the query heads of a group become that group's query rows: each K/V head is read once
         att = F.scaled_dot_product_attention(q.view(r, n_kv, n_h // n_kv, d), keys, values, attn_mask=mask,
                                              scale=self.scaling)  # fmt: skip
-        h = h + F.linear(att.reshape(r, n_h * d), o_w, o_b)
+        att = att.reshape(r, n_h * d)
+        h = h + _adapted(F.linear(att, o_w, o_b), att, o_ad)
         x = self.rms(h, ln2, self.eps)
         if len(gu_w) == 1:
             gate, up = F.linear(x, gu_w[0]).chunk(2, dim=-1)
         else:
             gate, up = F.linear(x, gu_w[0]), F.linear(x, gu_w[1])
-        return h, F.linear(F.silu(gate) * up, down_w)
+        act = F.silu(_adapted(gate, x, g_ad)) * _adapted(up, x, u_ad)
+        return h, _adapted(F.linear(act, down_w), act, d_ad)
+
+
+def _projections(layer: nn.Module) -> tuple[nn.Module, ...]:
+    a, m = layer.self_attn, layer.mlp
+    return a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj
 
 
 def _rotate_half(x: Tensor) -> Tensor:
