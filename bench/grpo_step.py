@@ -64,6 +64,8 @@ SHAPES = {  # Qwen2-0.5B and Qwen2-7B (config.json of the released models)
                 num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
 }
 PHASES = ("step", "rollout", "log_probs", "advantages", "update", "weight_sync")
+PER_STEP_KEYS = ("time/step", "time/rollout", "time/update", "engine/prefill_s", "engine/decode_s",
+                 "engine/decode_steps")
 ENGINE_KEYS = ("prefill_s", "decode_s", "decode_steps", "decode_rows", "graph_capture_s", "graph_captures",
                "prefill_tokens")
 
@@ -239,6 +241,8 @@ def run_ours(args, model_dir: Path | None, work: Path, lora_rank: int = 0, extra
     for key in ENGINE_KEYS:  # where the rollout's time goes (the engine's counters, per step)
         vals = [h.get(f"engine/{key}", 0.0) for i, h in enumerate(hist[1:], start=2) if i != args.profile_step]
         out[f"warm_engine_{key}"] = sum(vals) / max(1, len(vals))
+    # every step's own figures, so a mean over warm steps can be told from one step's outlier
+    out["per_step"] = {key: [round(h.get(key, 0.0), 4) for h in hist] for key in PER_STEP_KEYS}
     last = hist[-1] if hist else {}
     n = last.get("rollout/num_trajectories", 0.0)
     out["tokens_per_step"] = n * (last.get("rollout/prompt_length/mean", 0.0)
