@@ -30,10 +30,11 @@ ALLOWED: dict[str, set[str]] = {
     "gsm8k": set(),
     "judge": set(),
     "imports": set(),
-    "containers": {"registry"},
+    "paths": set(),
+    "containers": {"registry", "paths"},
     "registry": set(),
     "sandbox": {"containers"},
-    "engine": {"protocol", "imports"},  # imports: the lazy attributes of engine/__init__.py
+    "engine": {"protocol", "imports", "paths"},  # imports: the lazy attributes of engine/__init__.py
     "chat": {"protocol"},
     "formats": {"protocol"},
     "parsers": {"protocol", "formats"},
@@ -43,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "yaml_registry": {"imports", "verl_compat"},
     "tools": {"protocol", "gsm8k", "imports", "verl_compat", "yaml_registry", "sandbox.api", "sandbox.client"},
     "interactions": {"protocol", "gsm8k", "imports", "verl_compat", "yaml_registry"},
-    "models": {"protocol", "chat", "parsers", "tools"},
+    "models": {"protocol", "chat", "parsers", "tools", "paths"},
     "rollout": {"protocol", "config", "data", "reward", "judge", "imports", "registry", "chat", "parsers", "tools",
                 "interactions", "engine", "models"},
     "trainer": {"protocol", "config", "data", "reward", "judge", "imports", "registry", "chat", "parsers", "tools",

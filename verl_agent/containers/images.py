@@ -7,7 +7,7 @@ What it reads
     gzip or zstd tars. ``from_docker(client, image)`` exports a local Docker image (the SDK's
     ``image.save()`` stream) and loads that.
 
-Layout on disk (``$VERL_AGENT_IMAGES``, default ``~/.cache/verl-agent/images``)::
+Layout on disk (``$VERL_AGENT_IMAGES``, default ``$VERL_AGENT_CACHE/images``, that is ``~/.cache/verl_agent/images``)::
 
     layers/<diff id hex>/tree/        one layer, unpacked once; keyed by its content digest (the sha256 of
     layers/<diff id hex>/layer.json   the uncompressed tar, checked while unpacking); its whiteouts
@@ -67,6 +67,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
+
+from verl_agent.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -673,7 +675,7 @@ class ImageStore:
     """Images as flat root filesystems on local disk; see the module's docstring for the layout."""
 
     def __init__(self, root: Path | None = None) -> None:
-        default = os.environ.get(ENV_ROOT) or Path.home() / ".cache" / "verl-agent" / "images"
+        default = os.environ.get(ENV_ROOT) or cache_root() / "images"
         self.root = Path(root if root is not None else default).expanduser().absolute()
         self._index_seen: tuple[tuple[int, int, int], dict] | None = None
         if not _IS_ROOT and str(self.root) not in _WARNED:

@@ -26,7 +26,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from verl_agent.models.tiny import cache_root, cached_build
+from verl_agent.models.tiny import cached_build
+from verl_agent.paths import cache_root
 from verl_agent.models.tokenizer import CHAT_TEMPLATE as TOOL_CHAT_TEMPLATE
 
 __all__ = ["GGUF_FILE", "WHEEL", "add_cli", "build_smollm2", "chat_template"]

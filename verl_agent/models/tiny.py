@@ -32,16 +32,13 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_agent.models.tiny_settings import TinySettings
+from verl_agent.paths import cache_root
 
-__all__ = ["PREBUILT", "TinySettings", "add_cli", "build_tiny", "cache_root", "cached_build", "prebuilt_key", "run_cli"]
+__all__ = ["PREBUILT", "TinySettings", "add_cli", "build_tiny", "cached_build", "prebuilt_key", "run_cli"]
 
 log = logging.getLogger(__name__)
 INFO_FILE = "build_info.json"
 PREBUILT = Path(__file__).with_name("tiny_prebuilt")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("VERL_AGENT_CACHE") or Path.home() / ".cache" / "verl_agent")
 
 
 def cached_build(target: Path, marker: str, build: Callable[[Path], None], force: bool = False) -> Path:

@@ -38,7 +38,8 @@ def warm_start(name: str, settings: SFTSettings, base: str, key: str, encode: Ca
                evaluate: Callable[[Any, Any], dict[str, Any]] | None = None, device: str = "cpu",
                last: int = 20, cache: Path | None = None) -> Path:  # fmt: skip
     """The folder ``<cache or ~/.cache/verl_agent>/<name>-<key>``, built by `sft_and_save` on first use."""
-    from verl_agent.models.tiny import cache_root, cached_build
+    from verl_agent.models.tiny import cached_build
+    from verl_agent.paths import cache_root
 
     target = (cache or cache_root()) / f"{name}-{key}"
     return cached_build(target, MARKER, lambda tmp: sft_and_save(

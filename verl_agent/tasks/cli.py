@@ -56,7 +56,7 @@ def add_cli(sub: Any) -> None:
     i = actions.add_parser("import", help="load a bundle written by `tasks export` into the image store (no Docker)")
     i.add_argument("bundle_dir", help="a directory holding images.tar.zst and index.json")
     i.add_argument("--store", default=None, help="the image store (default $VERL_AGENT_IMAGES or "
-                   "~/.cache/verl-agent/images)")
+                   "$VERL_AGENT_CACHE/images)")
     p.set_defaults(func=run_cli)
 
 

@@ -24,16 +24,13 @@ from typing import Any
 
 import torch
 
+from verl_agent.paths import cache_root
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["CompileCache", "cache_root", "compile_key"]
+__all__ = ["CompileCache", "compile_key"]
 
 _TRACED = ("model_runner.py", "kv_pool.py", "fused_norms.py", "decode_step.py")  # our code inside the compiled region
-
-
-def cache_root() -> Path:
-    """$VERL_AGENT_CACHE, else ~/.cache/verl_agent (the same root as the tiny model's cache)."""
-    return Path(os.environ.get("VERL_AGENT_CACHE") or Path.home() / ".cache" / "verl_agent")
 
 
 def _version(dist: str) -> str:
