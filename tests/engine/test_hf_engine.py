@@ -220,6 +220,7 @@ def test_settings_defaults_live_in_one_place_and_bad_settings_are_refused(small_
     assert hf_engine_settings(RolloutConfig(), "cpu") == HFEngineSettings()
     assert hf_engine_settings(RolloutConfig(max_batch_size=8), "cpu", seed=3).max_num_seqs == 8
     assert hf_engine_settings(RolloutConfig(max_batch_size=8, max_num_seqs=3), "cpu").max_num_seqs == 3
+    assert hf_engine_settings(RolloutConfig(enable_prefix_caching=False), "cpu").share_prompts is False
     engine = HFEngine(small_model, HFEngineSettings(max_num_seqs=3), max_model_len=40)
     assert (engine.settings.max_num_seqs, engine.settings.max_model_len) == (3, 40)
     assert engine.metrics()["engine/kv_slots"] == 3 and engine.metrics()["engine/kv_tokens_per_slot"] == 40

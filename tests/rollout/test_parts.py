@@ -161,7 +161,8 @@ async def test_seeded_groups_get_distinct_seeds(chat_tokenizer, rollout_cfg):
 
 
 def test_sglang_server_args_carry_the_rollout_settings(rollout_cfg):
-    """gpu_memory_utilization, rollout.dtype and enable_torch_compile become SGLang flags; sglang.extra_args win."""
+    """gpu_memory_utilization, rollout.dtype, enable_torch_compile and enable_prefix_caching become SGLang flags;
+    sglang.extra_args win."""
     from verl_agent.rollout.build import sglang_server_args
 
     assert sglang_server_args(rollout_cfg) == ["--mem-fraction-static", "0.5"]
@@ -173,6 +174,8 @@ def test_sglang_server_args_carry_the_rollout_settings(rollout_cfg):
     typed = cfg.model_copy(update={"dtype": "bfloat16", "sglang": cfg.sglang.model_copy(
         update={"extra_args": ["--mem-fraction-static=0.8"]})})  # the "=" spelling counts as given too
     assert sglang_server_args(typed) == ["--mem-fraction-static=0.8", "--dtype", "bfloat16", "--enable-torch-compile"]
+    uncached = rollout_cfg.model_copy(update={"enable_prefix_caching": False})
+    assert sglang_server_args(uncached) == ["--mem-fraction-static", "0.5", "--disable-radix-cache"]
 
 
 def test_summarize_counts_scored_trajectories_only():

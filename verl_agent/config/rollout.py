@@ -211,6 +211,9 @@ class RolloutConfig(Section):
                                               "Mistral, Qwen2, Qwen3), sglang does not; true: always (hf: also "
                                               "transformers' whole forward for other models; sglang: "
                                               "--enable-torch-compile)")
+    enable_prefix_caching: bool = Field(_HF.share_prompts, description="hf: a request whose prompt is that of a "
+                                        "running request (the samples of a group) copies that one's prompt K/V "
+                                        "instead of prefilling it; sglang: false passes --disable-radix-cache")
     free_cache_engine: bool = Field(True, description="sleep the engine (free its caches/device memory) while "
                                     "the actor trains; trainer.mode=sync only (the async modes keep generating)")
     lora_mode: Literal["auto", "merge", "unmerged"] = Field(

@@ -94,11 +94,11 @@ class ContinuousBatcher:
         self, model: Any, budget: KVBudget, *, pad_id: int, cache_kw: str, cuda_graphs: bool,
         max_num_batched_tokens: int, generator: torch.Generator, compile_decode: bool | None = False,
         fused_norms: bool = True, capture: GraphCapture | None = None, own_decode_step: bool = True,
-        decode_lookahead: bool = True,
+        decode_lookahead: bool = True, share_prompts: bool = True,
     ) -> None:  # fmt: skip
         self.runner = ModelRunner(model, budget, pad_id, cache_kw, cuda_graphs, compile_decode, fused_norms, capture,
                                   own_decode_step)  # fmt: skip
-        self.sched = Scheduler(budget.slots, max_num_batched_tokens)
+        self.sched = Scheduler(budget.slots, max_num_batched_tokens, share_prompts)
         self.budget = budget
         self.generator = generator
         self.decode_lookahead = decode_lookahead
@@ -203,6 +203,9 @@ class ContinuousBatcher:
             chunks = self.sched.schedule_prefill()
             if chunks:
                 self._prefill(chunks)
+                shared = self.sched.schedule_shared()  # the samples of a group whose first one was just prefilled
+                if shared:
+                    self._prefill(shared, follow_up=True)
                 decoding = self.sched.decoding()
         if decoding:
             self._decode(decoding)
@@ -211,9 +214,13 @@ class ContinuousBatcher:
         due = self._decode_s_since_prefill >= PREFILL_PACING * self._last_prefill_s
         return due or self.sched.ready_tokens() >= self.sched.budget or self.sched.last_chunk_full
 
-    def _prefill(self, chunks: list[Chunk]) -> None:
+    def _prefill(self, chunks: list[Chunk], follow_up: bool = False) -> None:
+        """One prefill forward over `chunks` (a follow-up's duration adds to the chunk it follows, for pacing)."""
         t0 = time.perf_counter()
         try:
+            copies = self.sched.take_copies()
+            if copies:
+                self.runner.ensure_pool().copy_prefix(copies)
             logits = self.runner.prefill([(s.slot, s.prompt[a:b], a) for s, a, b in chunks])
             done = [i for i, (s, _, b) in enumerate(chunks) if b == len(s.prompt)]
             sampled = None
@@ -226,10 +233,11 @@ class ContinuousBatcher:
         except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving the rest
             self._fail([s for s, _, _ in chunks], e)
             return
-        self._last_prefill_s = time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self._last_prefill_s = self._last_prefill_s + dt if follow_up else dt
         self._decode_s_since_prefill = 0.0
-        self.runner.busy_s += self._last_prefill_s
-        self.counters["prefill_s"] += self._last_prefill_s
+        self.runner.busy_s += dt
+        self.counters["prefill_s"] += dt
         self.counters["prefill_chunks"] += 1
         for s, a, b in chunks:
             s.n_cached = b

@@ -11,6 +11,11 @@ advance every step, and a finished sequence frees its slot at once.
 
 A request with a session reuses that session's slot (see slots.py); the
 tokens whose K/V are already there are counted in `prefill_tokens_saved`.
+
+Shared prompts (`share_prompts`): a request whose whole prompt is that of a running one (the n samples
+of a GRPO group) copies that request's prompt K/V into its own slot, all but the last token, and
+prefills only that token, once those K/V are written; until then it holds its slot and waits. The copied
+tokens are counted in `prefill_tokens_shared`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ Chunk = tuple[Seq, int, int]  # (sequence, first prompt position, end position) 
 
 
 class Scheduler:
-    def __init__(self, n_slots: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, n_slots: int, max_num_batched_tokens: int, share_prompts: bool = True) -> None:
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
         self.table = SlotTable(n_slots)
@@ -35,7 +40,11 @@ class Scheduler:
         self.running: dict[int, Seq] = {}  # slot -> sequence in PREFILL or DECODE
         self._release_when_done: set[str] = set()
         self.last_chunk_full = False  # the last chunk stopped at the token budget with more prompt tokens ready
-        self.counters = {"prefill_tokens_saved": 0, "sessions_reused": 0, "sessions_reset": 0}
+        self.share_prompts = share_prompts
+        self._donors: dict[tuple[int, ...], Seq] = {}  # a prompt -> the running request other ones copy it from
+        self.copies: list[tuple[int, int, int]] = []  # (from slot, to slot, tokens) to copy before the next chunk
+        self.counters = {"prefill_tokens_saved": 0, "sessions_reused": 0, "sessions_reset": 0,
+                         "prefill_tokens_shared": 0}  # fmt: skip
 
     def add(self, seq: Seq) -> None:
         entry = self.table.peek_session(seq.session) if seq.session is not None else None
@@ -84,8 +93,27 @@ class Scheduler:
             self.last_chunk_full |= end < len(seq.prompt)  # a prompt split over chunks
         return chunks
 
+    def schedule_shared(self) -> list[Chunk]:
+        """A chunk for the requests whose donor's prompt K/V are now written (a group's first sample was just
+        prefilled): their copies are queued and each prefills its last prompt token, in the same engine step
+        as the donor, so a group's samples decode together."""
+        chunks: list[Chunk] = []
+        for seq in list(self.running.values()):
+            donor = seq.donor
+            if len(chunks) >= self.budget or donor is None or seq.state is not SeqState.PREFILL:
+                continue
+            if self.running.get(donor.slot) is donor and donor.n_cached >= len(seq.prompt) - 1:
+                self._copied(seq)
+                chunks.append((seq, seq.n_cached, len(seq.prompt)))
+        return chunks
+
+    def take_copies(self) -> list[tuple[int, int, int]]:
+        """The prompt K/V copies the chunk just scheduled needs first (`copy_prefix`'s pairs)."""
+        copies, self.copies = self.copies, []
+        return copies
+
     def _prefill_candidates(self) -> Iterator[Seq]:
-        yield from [s for s in self.running.values() if s.state is SeqState.PREFILL]
+        yield from [s for s in self.running.values() if s.state is SeqState.PREFILL and self._copied(s)]
         while self.waiting:
             seq = self.waiting[0]
             if seq.future.done():  # cancelled while waiting
@@ -95,7 +123,8 @@ class Scheduler:
             if not self._admit(seq):
                 return
             self.waiting_tokens -= self.waiting.popleft().est_prefill
-            yield seq
+            if self._copied(seq):
+                yield seq
 
     def _forget_release(self, session: str | None) -> None:
         """A dropped request's session has nothing left to wait for unless another request of it is in flight."""
@@ -125,6 +154,29 @@ class Scheduler:
                 self.table.busy_sessions.add(seq.session)
         seq.state = SeqState.PREFILL
         self.running[seq.slot] = seq
+        if self.share_prompts and seq.n_cached == 0 and len(seq.prompt) > 1:
+            donor = self._donors.setdefault(tuple(seq.prompt), seq)
+            seq.donor = donor if donor is not seq else None
+        return True
+
+    def _copied(self, seq: Seq) -> bool:
+        """Whether `seq` may be prefilled now: it has no donor, or its donor's slot holds the prompt's K/V
+        (then the copy is queued and `seq` prefills the last prompt token only). False while the donor is
+        still prefilling. A donor that ended first hands over to the first of its followers asked here."""
+        donor = seq.donor
+        if donor is None:
+            return True
+        if self.running.get(donor.slot) is not donor:  # ended (failed, cancelled, or done) before the copy
+            heir = self._donors.setdefault(tuple(seq.prompt), seq)
+            seq.donor = None if heir is seq else heir
+            return self._copied(seq)
+        n = len(seq.prompt) - 1
+        if donor.n_cached < n:
+            return False
+        seq.donor = None
+        self.copies.append((donor.slot, seq.slot, n))
+        seq.n_cached = n
+        self.counters["prefill_tokens_shared"] += n
         return True
 
     def compact(self, bucket: Callable[[int], int]) -> list[tuple[int, int]]:
@@ -162,6 +214,9 @@ class Scheduler:
             return
         if self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
+        key = tuple(seq.prompt)
+        if self._donors.get(key) is seq:
+            del self._donors[key]
         session = seq.session
         if session is not None and keep_session and session not in self._release_when_done:
             tokens = seq.prompt + seq.out_ids
@@ -179,6 +234,7 @@ class Scheduler:
         for seq in list(self.running.values()):
             self.finish(seq, keep_session=False)
         self._release_when_done.clear()  # every request is gone: no session waits for one
+        self.copies.clear()
         return seqs
 
 

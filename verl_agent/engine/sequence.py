@@ -36,6 +36,7 @@ class Seq:
     slot: int = -1
     n_cached: int = 0
     est_prefill: int = 0  # prompt tokens expected to need a prefill (set when queued)
+    donor: Seq | None = None  # a running request with the same prompt, whose prompt K/V this one will copy
     out_ids: list[int] = field(default_factory=list)
     out_lps: list[float] = field(default_factory=list)
     submitted: float = field(default_factory=time.perf_counter)

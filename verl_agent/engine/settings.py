@@ -49,6 +49,8 @@ class HFEngineSettings:
         step overlaps the next step's kernels. Seeded requests draw the same numbers either way (a step's rows
         may differ, as with any change in the batch, in the last bits of their log-probs); False: one step at a
         time.
+    share_prompts: a request whose prompt is that of a running one (a GRPO group's samples) copies that one's
+        prompt K/V instead of prefilling them (engine/scheduler.py); False: every request prefills its prompt.
     lora_mode: how LoRA adapters sent by `update_weights` apply (engine/runner/lora.py): "merge" into the weights
         (a kept copy of each targeted base weight), or "unmerged" (extra thin matmuls in every forward).
     """
@@ -67,6 +69,7 @@ class HFEngineSettings:
     fused_norms: bool = True
     own_decode_step: bool = True
     decode_lookahead: bool = True
+    share_prompts: bool = True
     lora_mode: str = "merge"
 
     def __post_init__(self) -> None:

@@ -148,6 +148,7 @@ def hf_engine_settings(rollout: RolloutConfig, device: str, seed: int = 0,
         max_num_batched_tokens=rollout.max_num_batched_tokens, max_model_len=rollout.max_model_len,
         gpu_memory_utilization=rollout.gpu_memory_utilization, torch_compile=rollout.enable_torch_compile,
         kv_cache_bytes=kv_cache_bytes, lora_mode=rollout.engine_lora_mode(torch_device_type(device)),
+        share_prompts=rollout.enable_prefix_caching,
     )  # fmt: skip
 
 
@@ -170,6 +171,8 @@ def sglang_server_args(rollout: RolloutConfig) -> list[str]:
         extra += ["--dtype", rollout.dtype]
     if rollout.enable_torch_compile and not given("--enable-torch-compile"):
         extra.append("--enable-torch-compile")
+    if not rollout.enable_prefix_caching and not given("--disable-radix-cache"):
+        extra.append("--disable-radix-cache")
     return extra
 
 

@@ -168,7 +168,7 @@ class HFEngine:
             self.model, budget, pad_id=_pad_id(self.model, self.vocab_size), cache_kw=_cache_kw(self.model),
             cuda_graphs=s.cuda_graphs, max_num_batched_tokens=s.max_num_batched_tokens, generator=self._generator,
             compile_decode=s.torch_compile, fused_norms=s.fused_norms, capture=self._graph_capture,
-            own_decode_step=s.own_decode_step, decode_lookahead=s.decode_lookahead,
+            own_decode_step=s.own_decode_step, decode_lookahead=s.decode_lookahead, share_prompts=s.share_prompts,
         )  # fmt: skip
         batcher.runner.fixed_weights = self._params is not None or self._borrowed
         return batcher

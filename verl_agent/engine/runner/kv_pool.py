@@ -279,6 +279,17 @@ class SlotKVPool:
         for t in (*self.k, *self.v):
             t[dst] = t[src]
 
+    def copy_prefix(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copy the first n columns of K/V from one slot into another, all layers, for each (from, to, n): a
+        prompt's K/V shared with a request of the same prompt. Columns up to the largest n are copied for
+        every pair; those past a pair's own n are harmless, as a forward writes a column before its mask
+        shows it."""
+        n = max(c for _, _, c in copies)
+        src = torch.tensor([a for a, _, _ in copies], device=self.row_ids.device)
+        dst = torch.tensor([b for _, b, _ in copies], device=self.row_ids.device)
+        for t in (*self.k, *self.v):
+            t[dst, :, :n] = t[src, :, :n]
+
     # Answers for transformers code that asks a cache about itself (unused with explicit positions and masks).
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
