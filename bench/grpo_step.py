@@ -67,7 +67,7 @@ PHASES = ("step", "rollout", "log_probs", "advantages", "update", "weight_sync")
 PER_STEP_KEYS = ("time/step", "time/rollout", "time/update", "engine/prefill_s", "engine/decode_s",
                  "engine/decode_steps")
 ENGINE_KEYS = ("prefill_s", "decode_s", "decode_steps", "decode_rows", "graph_capture_s", "graph_captures",
-               "prefill_tokens")
+               "prefill_tokens", "prefill_tokens_shared")
 
 
 def bench_reward(generated_text: str, ground_truth: str) -> float:
@@ -321,6 +321,9 @@ def report(args, ours: dict, trl: dict | None, full: dict | None = None) -> dict
     if steps:  # the rollout's parts, from the engine's counters
         capture = ours["warm_engine_graph_capture_s"]
         rows += [("    engine prefill (s)", ours["warm_engine_prefill_s"], None),
+                 ("    engine prompt tokens prefilled", ours["warm_engine_prefill_tokens"], None),
+                 ("    engine prompt tokens copied from a group's first sample", ours["warm_engine_prefill_tokens_shared"],
+                  None),
                  ("    engine decode steps (count)", steps, None),
                  ("    engine decode, per step (ms)", 1e3 * (ours["warm_engine_decode_s"] - capture) / steps, None),
                  ("    engine CUDA-graph captures (s)", capture, None),
